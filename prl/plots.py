@@ -1,0 +1,37 @@
+"""PNG plots people would rather look at than read."""
+
+from __future__ import annotations
+
+import io
+
+import fsspec
+
+
+def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accuracy") -> None:
+    """Held-out accuracy (overall and per difficulty) against rollouts generated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = [r for r in rows if "learner/eval/accuracy" in r]
+    if not evals:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    x = [r.get("rollouts_generated", 0) for r in evals]
+    keys = sorted({k for r in evals for k in r if k.startswith("learner/eval/accuracy_d")})
+    ax.plot(x, [r["learner/eval/accuracy"] for r in evals], "k-o", lw=2, ms=3, label="all")
+    for k in keys:
+        ax.plot(x, [r.get(k, float("nan")) for r in evals], "--", lw=1, label=f"{k.rsplit('_d', 1)[1]} digits")
+    ax.set_xlabel("rollouts generated")
+    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    with fsspec.open(out_uri, "wb") as f:
+        f.write(buf.getvalue())

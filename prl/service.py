@@ -1,0 +1,65 @@
+"""What every service shares: a transport, a dead-letter path, a metrics sink, a loop.
+
+A service does one bounded unit of work per ``step()`` (waiting at most ``poll_s`` for
+input) and says whether it is finished; ``run`` repeats that until it is, or until
+``stop`` is set (SIGTERM in a pod, the end of ``prl run``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import structlog
+
+from prl.deadletter import dead_letter
+from prl.metrics import MetricsSink
+from prl.transport import Message, Transport
+from schemas import DecodeError, decode, topic_name
+
+
+class Service:
+    name = "service"
+    poll_s = 0.5
+
+    def __init__(self, cfg, transport: Transport, metrics: MetricsSink | None = None):
+        self.cfg = cfg
+        self.transport = transport
+        self.metrics = metrics
+        self.publisher = transport.publisher()
+        self.log = structlog.get_logger(self.name).bind(service=self.name)
+        self.counters: dict[str, int] = {}
+
+    def topic(self, kind: str) -> str:
+        return topic_name(self.cfg.run.name, kind)
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    def decode_or_dead_letter(self, msg: Message, expected: type):
+        """The record in ``msg``, or None after sending ``msg`` to the dead-letter topic."""
+        try:
+            return decode(msg.value, expected)
+        except DecodeError as exc:
+            self.count(f"dead_lettered/{exc.reason}")
+            dead_letter(self.publisher, self.cfg.run.name, msg, exc, self.name)
+            return None
+
+    def emit(self, values: dict, **context) -> None:
+        if self.metrics is not None:
+            self.metrics.write(self.name, values, **context)
+
+    def step(self) -> bool:
+        """One unit of work; True when the service has finished."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.publisher.close()
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        stop = stop or threading.Event()
+        try:
+            while not stop.is_set():
+                if self.step():
+                    break
+        finally:
+            self.close()

@@ -1,0 +1,3 @@
+from prl.transport.base import Message, Publisher, Subscriber, Transport, TransportError, make_transport
+
+__all__ = ["Message", "Publisher", "Subscriber", "Transport", "TransportError", "make_transport"]

@@ -1,0 +1,152 @@
+"""Kafka transport on kafka-python (>= 3): idempotent acks=all producer with
+compression, group consumers with manual commit, topic creation from schemas/topics.py.
+
+Credentials are read from the environment variables the config names, never from the
+config file, and never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import structlog
+
+from prl.transport.base import Message, Publisher, Subscriber, Transport, TransportError
+from schemas.topics import TOPICS
+
+log = structlog.get_logger("transport.kafka")
+
+
+def client_settings(cfg) -> dict:
+    """Connection settings shared by producer, consumer and admin clients."""
+    out = {"bootstrap_servers": cfg.bootstrap_servers.split(","), "security_protocol": cfg.security_protocol}
+    if cfg.ssl_cafile:
+        out["ssl_cafile"] = cfg.ssl_cafile
+    if cfg.security_protocol.startswith("SASL"):
+        out["sasl_mechanism"] = cfg.sasl_mechanism
+        out["sasl_plain_username"] = os.environ.get(cfg.sasl_username_env, "")
+        out["sasl_plain_password"] = os.environ.get(cfg.sasl_password_env, "")
+    return out
+
+
+def topic_configs(spec, max_message_bytes: int) -> dict[str, str]:
+    return {
+        "cleanup.policy": "compact" if spec.compacted else "delete",
+        "retention.ms": str(spec.retention_ms),
+        "max.message.bytes": str(max_message_bytes),
+    }
+
+
+class KafkaPublisher(Publisher):
+    def __init__(self, cfg):
+        from kafka import KafkaProducer
+
+        self._producer = KafkaProducer(
+            **client_settings(cfg),
+            acks="all",
+            enable_idempotence=True,
+            compression_type=None if cfg.compression == "none" else cfg.compression,
+            max_request_size=cfg.max_message_bytes,
+            linger_ms=5,
+        )
+        self._pending = []
+
+    def publish(self, topic, value, *, key=None, headers=()):
+        self._pending.append(self._producer.send(topic, value=value, key=key, headers=list(headers)))
+
+    def flush(self, timeout_s=30.0):
+        pending, self._pending = self._pending, []
+        try:
+            self._producer.flush(timeout=timeout_s)
+            for fut in pending:
+                fut.get(timeout=timeout_s)
+        except Exception as exc:  # kafka-python raises many KafkaError subclasses
+            raise TransportError(f"publish not acknowledged: {type(exc).__name__}: {exc}") from None
+
+    def close(self):
+        try:
+            self.flush()
+        finally:
+            self._producer.close(timeout=5)
+
+
+class KafkaSubscriber(Subscriber):
+    def __init__(self, cfg, topics, group, from_beginning):
+        from kafka import KafkaConsumer, TopicPartition
+
+        settings = dict(
+            **client_settings(cfg),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            max_partition_fetch_bytes=cfg.max_message_bytes,
+            fetch_max_bytes=max(cfg.max_message_bytes, 52428800),
+            session_timeout_ms=cfg.session_timeout_ms,
+            heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
+            client_id=f"prl-{uuid.uuid4().hex[:8]}",
+        )
+        self.group = group
+        if group is not None:
+            self._consumer = KafkaConsumer(*topics, group_id=group, **settings)
+        else:
+            self._consumer = KafkaConsumer(group_id=None, **settings)
+            parts = []
+            for t in topics:
+                ids = self._consumer.partitions_for_topic(t) or {0}
+                parts += [TopicPartition(t, p) for p in sorted(ids)]
+            self._consumer.assign(parts)
+            (self._consumer.seek_to_beginning if from_beginning else self._consumer.seek_to_end)(*parts)
+
+    def poll(self, timeout_s, max_records=500):
+        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        out = []
+        for records in batches.values():
+            for r in records:
+                out.append(Message(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or []), r.timestamp))
+        return out
+
+    def commit(self):
+        if self.group is not None:
+            self._consumer.commit()
+
+    def highwater(self, topic: str, partition: int) -> int | None:
+        from kafka import TopicPartition
+
+        return self._consumer.highwater(TopicPartition(topic, partition))
+
+    def close(self):
+        self._consumer.close(autocommit=False)
+
+
+class KafkaTransport(Transport):
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def ensure_topics(self, run):
+        if not self.cfg.create_topics:
+            return
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(**client_settings(self.cfg))
+        try:
+            existing = set(admin.list_topics())
+            wanted = {
+                f"{run}.{kind}": {
+                    "num_partitions": spec.partitions,
+                    "replication_factor": self.cfg.replication_factor,
+                    "configs": topic_configs(spec, self.cfg.max_message_bytes),
+                }
+                for kind, spec in TOPICS.items()
+                if f"{run}.{kind}" not in existing
+            }
+            if wanted:
+                admin.create_topics(wanted, raise_errors=False, wait_for_metadata=True)
+                log.info("topics_created", topics=sorted(wanted))
+        finally:
+            admin.close()
+
+    def publisher(self):
+        return KafkaPublisher(self.cfg)
+
+    def subscriber(self, topics, *, group, from_beginning=True):
+        return KafkaSubscriber(self.cfg, list(topics), group, from_beginning)

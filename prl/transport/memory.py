@@ -1,0 +1,108 @@
+"""An in-process broker with Kafka's semantics where the pipeline relies on them:
+keyed partitions, per-partition offsets, consumer groups whose members share
+messages, commits, and readers without a group. Thread-safe; for `prl run` and tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+
+from prl.transport.base import Message, Publisher, Subscriber, Transport
+from schemas.topics import TOPICS
+
+
+class MemoryBroker:
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._logs: dict[str, list[list[Message]]] = {}
+        self._handed: dict[tuple[str, str, int], int] = {}  # (group, topic, partition) -> next offset to hand out
+        self.committed: dict[tuple[str, str, int], int] = {}
+
+    def create(self, topic: str, partitions: int) -> None:
+        with self._cond:
+            self._logs.setdefault(topic, [[] for _ in range(partitions)])
+
+    def partitions(self, topic: str) -> list[list[Message]]:
+        if topic not in self._logs:
+            self.create(topic, 1)
+        return self._logs[topic]
+
+    def append(self, topic: str, value: bytes, key: bytes | None, headers) -> None:
+        with self._cond:
+            parts = self.partitions(topic)
+            p = zlib.crc32(key) % len(parts) if key else sum(map(len, parts)) % len(parts)
+            parts[p].append(Message(topic, p, len(parts[p]), key, value, list(headers), int(time.time() * 1000)))
+            self._cond.notify_all()
+
+    def end_offsets(self, topic: str) -> list[int]:
+        with self._cond:
+            return [len(p) for p in self.partitions(topic)]
+
+    def take(self, positions: dict, topics: list[str], group: str | None, max_records: int, timeout_s: float):
+        """Messages after ``positions`` (own cursor) or the group's shared cursor."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                out: list[Message] = []
+                for topic in topics:
+                    for p, log in enumerate(self.partitions(topic)):
+                        cursor_key = (group, topic, p)
+                        cursors = self._handed if group is not None else positions
+                        if group is not None and cursor_key not in cursors:
+                            cursors[cursor_key] = self.committed.get(cursor_key, 0)
+                        start = cursors.get(cursor_key, 0)
+                        batch = log[start : start + max_records - len(out)]
+                        cursors[cursor_key] = start + len(batch)
+                        out.extend(batch)
+                if out or time.monotonic() >= deadline:
+                    return out
+                self._cond.wait(deadline - time.monotonic())
+
+
+class MemoryPublisher(Publisher):
+    def __init__(self, broker: MemoryBroker):
+        self.broker = broker
+
+    def publish(self, topic, value, *, key=None, headers=()):
+        self.broker.append(topic, value, key, headers)
+
+    def flush(self, timeout_s=30.0):
+        pass
+
+
+class MemorySubscriber(Subscriber):
+    def __init__(self, broker: MemoryBroker, topics: list[str], group: str | None, from_beginning: bool):
+        self.broker, self.topics, self.group = broker, topics, group
+        self.positions: dict = {}
+        self.polled: dict[tuple, int] = {}
+        if group is None and not from_beginning:
+            for t in topics:
+                for p, end in enumerate(broker.end_offsets(t)):
+                    self.positions[(None, t, p)] = end
+
+    def poll(self, timeout_s, max_records=500):
+        msgs = self.broker.take(self.positions, self.topics, self.group, max_records, timeout_s)
+        for m in msgs:
+            self.polled[(self.group, m.topic, m.partition)] = m.offset + 1
+        return msgs
+
+    def commit(self):
+        if self.group is not None:
+            with self.broker._cond:
+                self.broker.committed.update(self.polled)
+
+
+class MemoryTransport(Transport):
+    def __init__(self, broker: MemoryBroker | None = None):
+        self.broker = broker or MemoryBroker()
+
+    def ensure_topics(self, run):
+        for kind, spec in TOPICS.items():
+            self.broker.create(f"{run}.{kind}", spec.partitions)
+
+    def publisher(self):
+        return MemoryPublisher(self.broker)
+
+    def subscriber(self, topics, *, group, from_beginning=True):
+        return MemorySubscriber(self.broker, list(topics), group, from_beginning)

@@ -1,0 +1,139 @@
+"""Generation backends behind one interface.
+
+A backend turns prompts (token ids) into ``n`` sampled completions each, with the
+log-probability of every sampled token under the sampling distribution (logits divided
+by the temperature), and reloads weights in place when the learner publishes a new
+policy version. ``make_backend("auto", ...)`` picks vLLM when it is importable and the
+transformers backend otherwise.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib.util
+from dataclasses import dataclass
+
+from schemas import Sampling
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: list[int]
+    n: int
+    sampling: Sampling
+
+
+class Backend(abc.ABC):
+    version: int = 0  # the policy version whose weights are loaded
+
+    @abc.abstractmethod
+    def generate(self, requests: list[Request], *, greedy: bool = False) -> list[list[Completion]]:
+        """``n`` completions for each request, in request order."""
+
+    @abc.abstractmethod
+    def load_weights(self, checkpoint_uri: str, version: int) -> None:
+        """Replace the weights with a checkpoint's; afterwards ``self.version == version``."""
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Prompt token ids (with the model's start token)."""
+
+    @abc.abstractmethod
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class TransformersBackend(Backend):
+    """Batched sampling with ``model.generate``; for machines without vLLM and for tests."""
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_id = self.tokenizer.eos_token_id
+
+    @classmethod
+    def from_path(cls, model_path: str, dtype: str = "float32") -> "TransformersBackend":
+        from prl.models import load_model, load_tokenizer
+
+        return cls(load_model(model_path, dtype), load_tokenizer(model_path))
+
+    def encode(self, text):
+        return self.tokenizer(text)["input_ids"]
+
+    def decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def load_weights(self, checkpoint_uri, version):
+        from prl.models import load_state, read_weights
+
+        load_state(self.model, read_weights(checkpoint_uri))
+        self.version = version
+
+    def generate(self, requests, *, greedy=False):
+        import torch
+
+        # Requests with the same sampling settings share one generate call.
+        out: list[list[Completion] | None] = [None] * len(requests)
+        by_sampling: dict[Sampling, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_sampling.setdefault(_sampling_key(r.sampling), []).append(i)
+        for key, idx in by_sampling.items():
+            sampling = requests[idx[0]].sampling
+            prompts = [requests[i].prompt_ids for i in idx for _ in range(requests[i].n)]
+            with torch.no_grad():
+                completions = self._generate(prompts, sampling, greedy)
+            pos = 0
+            for i in idx:
+                out[i] = completions[pos : pos + requests[i].n]
+                pos += requests[i].n
+        return out
+
+    def _generate(self, prompts: list[list[int]], sampling: Sampling, greedy: bool) -> list[Completion]:
+        import torch
+
+        width = max(map(len, prompts))
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        gen = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=sampling.max_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+            **kwargs,
+        )
+        new_tokens = gen.sequences[:, width:]
+        temperature = 1.0 if greedy else sampling.temperature
+        logits = torch.stack(gen.logits, dim=1).float() / temperature  # [B, T, V], unprocessed
+        token_logp = torch.log_softmax(logits, -1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        out = []
+        for row_ids, row_lp in zip(new_tokens.tolist(), token_logp.tolist()):
+            if self.eos_id in row_ids:
+                end = row_ids.index(self.eos_id) + 1
+                out.append(Completion(row_ids[:end], row_lp[:end], "stop"))
+            else:
+                out.append(Completion(row_ids, row_lp, "length"))
+        return out
+
+
+def _sampling_key(s: Sampling):
+    return Sampling(s.temperature, s.top_p, s.max_tokens, tuple(s.stop))
+
+
+def make_backend(kind: str, model_path: str, dtype: str = "float32") -> Backend:
+    """The backend a config names; ``auto`` is vLLM where importable (once that backend exists)."""
+    if kind == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise RuntimeError("producer.backend = 'vllm' but vllm is not installed (pip install .[vllm])")
+        raise NotImplementedError("the vLLM backend is not built yet; use producer.backend = 'transformers'")
+    return TransformersBackend.from_path(model_path, dtype)

@@ -1,0 +1,89 @@
+"""A producer: turn dispatched problems into scored, versioned rollout groups.
+
+Loop, top to bottom:
+  1. load newer weights if the learner announced a checkpoint (the policy topic);
+  2. poll up to ``max_dispatches_per_call`` dispatches (consumer group: producers share them);
+  3. generate G completions for each in one engine call;
+  4. score each completion with the reward function;
+  5. publish one RolloutGroup per dispatch, carrying the loaded policy version;
+  6. wait for the broker's acknowledgement, then commit the dispatch offsets.
+"""
+
+from __future__ import annotations
+
+import time
+
+from producers.backends import Request, make_backend
+from producers.rewards import load_reward, safe_reward
+from prl.service import Service
+from schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup, encode, headers
+from schemas.topics import POLICY, PROBLEMS, ROLLOUTS
+
+
+class Producer(Service):
+    name = "producer"
+
+    def __init__(self, cfg, transport, metrics=None, backend=None):
+        super().__init__(cfg, transport, metrics)
+        if cfg.producer.threads:
+            import torch
+
+            torch.set_num_threads(cfg.producer.threads)
+        self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype)
+        self.reward_fn = load_reward(cfg.producer.reward)
+        self.producer_id = cfg.producer.producer_id
+        self.log = self.log.bind(producer_id=self.producer_id)
+        self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
+        self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
+
+    def step(self) -> bool:
+        self.maybe_reload()
+        msgs = self.dispatches.poll(self.poll_s, max_records=self.cfg.producer.max_dispatches_per_call)
+        dispatches = [d for d in (self.decode_or_dead_letter(m, Dispatch) for m in msgs) if d is not None]
+        if dispatches:
+            for group in self.rollout_groups(dispatches):
+                self.publisher.publish(self.topic(ROLLOUTS), encode(group), key=group.problem_id.encode(), headers=headers(group))
+            self.publisher.flush()
+        if msgs:
+            self.dispatches.commit()
+        return False
+
+    def maybe_reload(self) -> None:
+        newest = None
+        for msg in self.policy.poll(0.0):
+            record = self.decode_or_dead_letter(msg, PolicyVersion)
+            if record is not None and record.checkpoint_uri and (newest is None or record.version > newest.version):
+                newest = record
+        if newest is not None and newest.version > self.backend.version:
+            t0 = time.perf_counter()
+            self.backend.load_weights(newest.checkpoint_uri, newest.version)
+            self.log.info("weights_loaded", policy_version=newest.version, seconds=round(time.perf_counter() - t0, 3))
+
+    def rollout_groups(self, dispatches: list[Dispatch]) -> list[RolloutGroup]:
+        t0 = time.perf_counter()
+        prompts = [self.backend.encode(d.prompt) for d in dispatches]
+        results = self.backend.generate([Request(p, d.group_size, d.sampling) for p, d in zip(prompts, dispatches)])
+        gen_s = (time.perf_counter() - t0) / len(dispatches)
+        groups = []
+        for d, prompt_ids, completions in zip(dispatches, prompts, results):
+            t1 = time.perf_counter()
+            rollouts = []
+            for c in completions:
+                text = self.backend.decode(c.token_ids)
+                reward, ok = safe_reward(self.reward_fn, text, d.answer)
+                if not ok:
+                    self.count("reward_errors")
+                rollouts.append(Rollout(c.token_ids, c.logprobs, reward, c.finish_reason, text))
+            groups.append(
+                RolloutGroup(
+                    d.dispatch_id, d.problem_id, self.backend.version, self.producer_id, prompt_ids,
+                    d.sampling.temperature, rollouts, gen_s, time.perf_counter() - t1, time.time(),
+                )
+            )
+        self.count("groups_published", len(groups))
+        return groups
+
+    def close(self) -> None:
+        self.dispatches.close()
+        self.policy.close()
+        super().close()

@@ -1,0 +1,52 @@
+"""Problem samplers: which problem to generate for next.
+
+Every sampler has the same small interface: ``next(k, busy)`` picks up to k problem
+indices not in ``busy`` (the problems in flight), ``observe`` records a returned
+group's rewards, and ``state_dict`` / ``load_state_dict`` / ``metrics``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class UniformSampler:
+    """Every problem not in flight is equally likely."""
+
+    def __init__(self, num_problems: int, seed: int = 0):
+        self.n = num_problems
+        self.rng = np.random.default_rng(seed)
+        self.attempts = np.zeros(num_problems, dtype=np.int32)
+        self.successes = np.zeros(num_problems, dtype=np.float32)
+
+    def next(self, k: int, busy: set[int]) -> list[int]:
+        out: list[int] = []
+        if len(busy) >= self.n:
+            return out
+        while len(out) < k and len(busy) + len(out) < self.n:
+            i = int(self.rng.integers(self.n))
+            if i not in busy and i not in out:
+                out.append(i)
+        return out
+
+    def observe(self, idx: int, rewards: list[float], version: int) -> None:
+        self.attempts[idx] += len(rewards)
+        self.successes[idx] += float(sum(r > 0 for r in rewards))
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "attempts": self.attempts.tolist(), "successes": self.successes.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.attempts[:] = state["attempts"]
+        self.successes[:] = state["successes"]
+
+    def metrics(self) -> dict:
+        seen = self.attempts > 0
+        return {"problems_seen": int(seen.sum())}
+
+
+def make_sampler(cfg, num_problems: int, seed: int):
+    if cfg.strategy == "uniform":
+        return UniformSampler(num_problems, seed)
+    raise ValueError(f"unknown scheduler.strategy {cfg.strategy!r}")

@@ -1,0 +1,163 @@
+"""The scheduler: choose problems, track what is in flight, accept results, build batches.
+
+Loop, top to bottom:
+  1. read the learner's newest PolicyVersion (its version and last trained batch);
+  2. accept returned RolloutGroups: ignore unknown or already-answered dispatch ids,
+     update the sampler, drop zero-signal groups if configured, keep the rest as fresh;
+  3. re-dispatch what timed out;
+  4. publish a batch when enough fresh groups wait and the learner is not too far behind;
+  5. top up dispatches to the in-flight bound.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from prl.service import Service
+from prl.tasks import addition
+from scheduler.advantages import has_signal
+from scheduler.batches import compose_batch
+from scheduler.samplers import make_sampler
+from schemas import Dispatch, PolicyVersion, RolloutGroup, Sampling, encode, headers
+from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
+
+ANSWERED_MEMORY = 100_000  # dispatch ids remembered to recognise duplicate results
+
+
+@dataclass
+class InFlight:
+    problem: int
+    issued_at: float
+    attempt: int
+
+
+class Scheduler(Service):
+    name = "scheduler"
+    poll_s = 0.1
+
+    def __init__(self, cfg, transport, metrics=None):
+        super().__init__(cfg, transport, metrics)
+        self.problems = addition.train_pool(cfg.task.train_per_digit, cfg.task.seed)
+        self.index = {p.id: i for i, p in enumerate(self.problems)}
+        self.sampler = make_sampler(cfg.scheduler, len(self.problems), cfg.run.seed)
+        s = cfg.sampling
+        self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
+        self.in_flight: dict[str, InFlight] = {}
+        self.answered: OrderedDict[str, None] = OrderedDict()
+        self.fresh: list[RolloutGroup] = []
+        self.learner_version = 0
+        self.learner_last_seq = -1
+        self.next_seq = 0
+        self.rollouts_generated = 0
+        self.groups_returned = 0
+        self.groups_with_signal = 0
+        self.rollouts = transport.subscriber([self.topic(ROLLOUTS)], group=f"{cfg.run.name}.scheduler")
+        self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
+
+    # -- the loop ---------------------------------------------------------------------
+    def step(self) -> bool:
+        self.read_policy()
+        self.accept_rollouts()
+        self.redispatch_timed_out()
+        self.publish_batches()
+        self.top_up()
+        return False
+
+    def read_policy(self) -> None:
+        for msg in self.policy.poll(0.0):
+            record = self.decode_or_dead_letter(msg, PolicyVersion)
+            if record is not None and record.version >= self.learner_version:
+                self.learner_version = record.version
+                self.learner_last_seq = max(self.learner_last_seq, record.last_batch_seq)
+
+    def accept_rollouts(self) -> None:
+        msgs = self.rollouts.poll(self.poll_s)
+        for msg in msgs:
+            group = self.decode_or_dead_letter(msg, RolloutGroup)
+            if group is not None:
+                self.accept(group)
+        if msgs:
+            self.rollouts.commit()
+
+    def accept(self, group: RolloutGroup) -> None:
+        flight = self.in_flight.pop(group.dispatch_id, None)
+        if flight is None:
+            self.count("duplicate_or_unknown_results")
+            return
+        self.remember_answered(group.dispatch_id)
+        self.sampler.observe(flight.problem, group.rewards, group.policy_version)
+        self.rollouts_generated += len(group.rollouts)
+        self.groups_returned += 1
+        signal = has_signal(group.rewards)
+        self.groups_with_signal += signal
+        if self.cfg.scheduler.filter_zero_variance and not signal:
+            self.count("zero_signal_dropped")
+            return
+        self.fresh.append(group)
+
+    def remember_answered(self, dispatch_id: str) -> None:
+        self.answered[dispatch_id] = None
+        while len(self.answered) > ANSWERED_MEMORY:
+            self.answered.popitem(last=False)
+
+    def redispatch_timed_out(self) -> None:
+        now = time.time()
+        for did, flight in list(self.in_flight.items()):
+            if now - flight.issued_at > self.cfg.scheduler.dispatch_timeout_s:
+                del self.in_flight[did]
+                self.count("redispatched")
+                self.dispatch(flight.problem, flight.attempt + 1)
+
+    def publish_batches(self) -> None:
+        cfg = self.cfg.scheduler
+        while len(self.fresh) >= cfg.groups_per_batch and self.batches_ahead() < cfg.max_batches_ahead:
+            groups, self.fresh = self.fresh[: cfg.groups_per_batch], self.fresh[cfg.groups_per_batch :]
+            batch, stale = compose_batch(groups, self.next_seq, self.learner_version, cfg.tau_max, self.rollouts_generated)
+            self.count("stale_groups_dropped", stale)
+            if batch is None:
+                continue
+            self.publisher.publish(self.topic(BATCHES), encode(batch), headers=headers(batch))
+            self.publisher.flush()
+            self.next_seq += 1
+            self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
+
+    def batches_ahead(self) -> int:
+        return self.next_seq - (self.learner_last_seq + 1)
+
+    def top_up(self) -> None:
+        room = self.cfg.scheduler.max_in_flight - len(self.in_flight) - len(self.fresh)
+        if room <= 0:
+            return
+        busy = {f.problem for f in self.in_flight.values()}
+        for idx in self.sampler.next(room, busy):
+            self.dispatch(idx, 0)
+        self.publisher.flush()
+
+    def dispatch(self, idx: int, attempt: int) -> None:
+        p = self.problems[idx]
+        d = Dispatch(
+            uuid.uuid4().hex, p.id, p.prompt, p.answer, self.cfg.sampling.group_size, self.sampling,
+            self.learner_version, attempt, time.time(),
+        )
+        self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt)
+        self.publisher.publish(self.topic(PROBLEMS), encode(d), key=p.id.encode(), headers=headers(d))
+        self.count("dispatched")
+
+    def batch_metrics(self, batch) -> dict:
+        return {
+            "rollouts_generated": self.rollouts_generated,
+            "groups_returned": self.groups_returned,
+            "signal_share": self.groups_with_signal / max(1, self.groups_returned),
+            "batch_rollouts": len(batch.rollouts),
+            "in_flight": len(self.in_flight),
+            **self.counters,
+            **self.sampler.metrics(),
+        }
+
+    def close(self) -> None:
+        self.rollouts.close()
+        self.policy.close()
+        super().close()

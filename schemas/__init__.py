@@ -1,0 +1,39 @@
+"""The wire and storage contract: record schemas, topic names and the config model.
+
+Importable with pyarrow and pydantic alone (no torch, no vLLM).
+"""
+
+from schemas.records import (
+    SCHEMA_VERSION,
+    DeadLetter,
+    DecodeError,
+    Dispatch,
+    PolicyVersion,
+    Rollout,
+    RolloutGroup,
+    Sampling,
+    TrainBatch,
+    TrainRollout,
+    decode,
+    encode,
+    headers,
+)
+from schemas.topics import TOPICS, topic_name
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "TOPICS",
+    "DeadLetter",
+    "DecodeError",
+    "Dispatch",
+    "PolicyVersion",
+    "Rollout",
+    "RolloutGroup",
+    "Sampling",
+    "TrainBatch",
+    "TrainRollout",
+    "decode",
+    "encode",
+    "headers",
+    "topic_name",
+]

@@ -1,0 +1,171 @@
+"""The typed configuration of a run: one root model, a section per service.
+
+Loaded from a TOML file plus dotted overrides (``--set learner.lr=1e-5``), validated
+once at start; a bad field raises :class:`ConfigError` naming the field and the reason.
+Every field documents itself (``prl config --help`` style docs are generated from these
+descriptions into README.md). Defaults are the embedded single-machine run: the tiny
+built-in model on the addition task, all services in one process.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """Configuration that cannot run; the message names each bad field and why."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class RunConfig(Section):
+    name: str = Field("prl", pattern=r"^[A-Za-z0-9._-]+$", description="Run name; prefixes every topic (<name>.rollouts).")
+    run_dir: str = Field("runs/prl", description="Where checkpoints, metrics.jsonl and plots go: a path or fsspec URI (file://, s3://).")
+    seed: int = Field(0, description="Seed for every random choice of the run.")
+    log_format: Literal["console", "json"] = Field("console", description="Log lines for people (console) or machines (json).")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest log level printed.")
+
+
+class KafkaConfig(Section):
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Comma-separated host:port list of brokers.")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field("PLAINTEXT", description="Kafka security protocol.")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(None, description="SASL mechanism when security_protocol uses SASL.")
+    sasl_username_env: str = Field("PRL_KAFKA_USERNAME", description="Environment variable holding the SASL user name (never put secrets in the file).")
+    sasl_password_env: str = Field("PRL_KAFKA_PASSWORD", description="Environment variable holding the SASL password.")
+    ssl_cafile: str | None = Field(None, description="CA bundle for SSL.")
+    max_message_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest message produced, fetched and allowed per topic.")
+    compression: Literal["none", "zstd", "lz4", "gzip", "snappy"] = Field("zstd", description="Producer compression.")
+    session_timeout_ms: int = Field(10_000, ge=1000, description="Consumer group session timeout; group joins take about half of it.")
+    create_topics: bool = Field(True, description="Create missing topics at start with the partitions and settings in schemas/topics.py.")
+    replication_factor: int = Field(1, ge=1, description="Replication factor of topics created at start.")
+
+
+class TransportConfig(Section):
+    type: Literal["memory", "kafka"] = Field("memory", description="memory: in-process (prl run, tests); kafka: separate services.")
+    kafka: KafkaConfig = KafkaConfig()
+
+
+class TaskConfig(Section):
+    name: Literal["addition"] = Field("addition", description="Built-in task.")
+    train_per_digit: list[int] = Field([80, 600, 600, 600], min_length=1, max_length=6, description="Training-pool problems per difficulty (digits 1, 2, ...).")
+    heldout_per_digit: int = Field(300, ge=1, description="Held-out evaluation problems per difficulty (disjoint from training).")
+    seed: int = Field(0, description="Seed of the training pool.")
+
+
+class ModelConfig(Section):
+    path: str = Field("builtin:tiny-adder", description="Hugging Face model directory (path or fsspec URI), or builtin:tiny-adder.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights dtype for generation and training.")
+
+
+class SamplingConfig(Section):
+    group_size: int = Field(8, ge=2, description="Completions per problem (G).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; the learner scores log-probs at the same temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    max_tokens: int = Field(8, ge=1, description="Largest completion length in tokens.")
+
+
+class SchedulerConfig(Section):
+    strategy: Literal["uniform"] = Field("uniform", description="How the next problem is chosen.")
+    groups_per_batch: int = Field(16, ge=1, description="Rollout groups (before filtering) that make one training batch.")
+    max_in_flight: int = Field(32, ge=1, description="Dispatched groups not yet answered, at most.")
+    dispatch_timeout_s: float = Field(120.0, gt=0, description="An unanswered dispatch is issued again after this long.")
+    filter_zero_variance: bool = Field(True, description="Drop groups whose rewards are all equal (they carry no advantage).")
+    tau_max: int = Field(10, ge=0, description="Rollouts more than tau_max policy versions old are never trained on.")
+    max_batches_ahead: int = Field(2, ge=1, description="Batches published but not yet trained, at most.")
+
+
+class ProducerConfig(Section):
+    producer_id: str = Field("producer-0", description="Name in rollouts and logs; pods use their hostname.")
+    backend: Literal["auto", "transformers", "vllm"] = Field("auto", description="Generation engine; auto picks vLLM when importable.")
+    reward: str = Field("prl.tasks.addition:exact_match", description="Reward function as module:function(completion, answer) -> float.")
+    max_dispatches_per_call: int = Field(16, ge=1, description="Dispatches batched into one generation call.")
+    threads: int = Field(0, ge=0, description="torch threads (0: leave torch's default).")
+
+
+class LearnerConfig(Section):
+    lr: float = Field(1e-4, gt=0, lt=1, description="AdamW learning rate (1e-4 suits the tiny model; the papers use 1e-6 at 1.7-8B).")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio lower clip: 1 - clip_low.")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio upper clip: 1 + clip_high.")
+    dual_clip: float = Field(10.0, gt=1, description="Dual-clip bound c for negative advantages.")
+    checkpoint_every: int = Field(1, ge=1, description="Write a checkpoint (and let producers reload) every N steps.")
+    keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted after a newer one is complete.")
+    eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps (0: never).")
+    max_steps: int = Field(200, ge=1, description="Stop after this many optimizer steps.")
+    threads: int = Field(0, ge=0, description="torch threads (0: leave torch's default).")
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    transport: TransportConfig = TransportConfig()
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    producer: ProducerConfig = ProducerConfig()
+    learner: LearnerConfig = LearnerConfig()
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "Config":
+        if self.scheduler.max_in_flight < self.scheduler.groups_per_batch:
+            raise ValueError("scheduler.max_in_flight must be >= scheduler.groups_per_batch, or no batch can fill")
+        kafka = self.transport.kafka
+        if kafka.security_protocol.startswith("SASL") and kafka.sasl_mechanism is None:
+            raise ValueError("transport.kafka.sasl_mechanism is required when security_protocol uses SASL")
+        return self
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value); value is read as TOML, else as a string."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected dotted.key=value")
+    key, raw = item.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Read TOML (if given), apply dotted overrides, validate; raise ConfigError on any fault."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {k} is not a section")
+        node[keys[-1]] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc)) from None
+
+
+def format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        lines.append(f"{where}: {err['msg']}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def dump_toml(cfg: Config) -> str:
+    """The config as TOML text (what a ConfigMap or a run directory stores)."""
+    import tomli_w
+
+    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))

@@ -1,0 +1,352 @@
+"""Wire records: one dataclass and one Arrow schema per kind, encoded as Arrow IPC.
+
+Every message body is an Arrow IPC stream holding one record batch whose schema carries
+``kind`` and ``schema_version`` in its metadata; the same two values (and the policy
+version where one applies) also travel as Kafka headers so a plain client can filter
+without decoding. ``decode`` checks all of it and raises :class:`DecodeError` with a
+machine-readable ``reason``; nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+_ids = pa.list_(pa.int32())
+_floats = pa.list_(pa.float32())
+
+
+class DecodeError(ValueError):
+    """A message that cannot become a record. ``reason`` is a short stable code."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+
+
+_sampling_type = pa.struct(
+    [
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
+        ("max_tokens", pa.int32()),
+        ("stop", pa.list_(pa.string())),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """The scheduler asks a producer for ``group_size`` completions of one problem."""
+
+    KIND: ClassVar[str] = "dispatch"
+    SCHEMA: ClassVar[pa.Schema] = pa.schema(
+        [
+            ("dispatch_id", pa.string()),
+            ("problem_id", pa.string()),
+            ("prompt", pa.string()),
+            ("answer", pa.string()),
+            ("group_size", pa.int32()),
+            ("sampling", _sampling_type),
+            ("learner_version", pa.int64()),
+            ("attempt", pa.int32()),
+            ("issued_at", pa.float64()),
+        ]
+    )
+    dispatch_id: str
+    problem_id: str
+    prompt: str
+    answer: str
+    group_size: int
+    sampling: Sampling
+    learner_version: int
+    attempt: int = 0
+    issued_at: float = 0.0
+
+    def validate(self) -> None:
+        _require(self.group_size >= 1, "invalid_value", "group_size must be >= 1")
+        _require(self.learner_version >= 0, "invalid_value", "learner_version must be >= 0")
+        _require(bool(self.problem_id), "invalid_value", "empty problem_id")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One sampled completion with its behaviour log-probs (one per completion token)."""
+
+    completion_ids: list[int]
+    logprobs: list[float]
+    reward: float
+    finish_reason: str  # "stop" (end of sequence or stop string) or "length"
+    text: str = ""
+
+
+_rollout_type = pa.struct(
+    [
+        ("completion_ids", _ids),
+        ("logprobs", _floats),
+        ("reward", pa.float32()),
+        ("finish_reason", pa.string()),
+        ("text", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class RolloutGroup:
+    """G completions of one dispatched problem, made by one policy version."""
+
+    KIND: ClassVar[str] = "rollout_group"
+    SCHEMA: ClassVar[pa.Schema] = pa.schema(
+        [
+            ("dispatch_id", pa.string()),
+            ("problem_id", pa.string()),
+            ("policy_version", pa.int64()),
+            ("producer_id", pa.string()),
+            ("prompt_ids", _ids),
+            ("temperature", pa.float64()),
+            ("rollouts", pa.list_(_rollout_type)),
+            ("generate_seconds", pa.float32()),
+            ("reward_seconds", pa.float32()),
+            ("created_at", pa.float64()),
+        ]
+    )
+    dispatch_id: str
+    problem_id: str
+    policy_version: int
+    producer_id: str
+    prompt_ids: list[int]
+    temperature: float
+    rollouts: list[Rollout]
+    generate_seconds: float = 0.0
+    reward_seconds: float = 0.0
+    created_at: float = 0.0
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.reward for r in self.rollouts]
+
+    def validate(self) -> None:
+        _require(self.policy_version >= 0, "invalid_value", "negative policy_version")
+        _require(len(self.rollouts) > 0, "invalid_value", "no rollouts")
+        for r in self.rollouts:
+            _require(math.isfinite(r.reward), "invalid_value", "reward is not finite")
+            _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")
+            _require(all(math.isfinite(x) and x <= 0 for x in r.logprobs), "invalid_value", "bad logprob")
+
+
+@dataclass(frozen=True)
+class TrainRollout:
+    """A rollout as the learner sees it: tokens, behaviour log-probs, frozen advantage."""
+
+    rollout_id: str
+    problem_id: str
+    policy_version: int
+    is_replay: bool
+    advantage: float
+    reward: float
+    temperature: float
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+_train_rollout_type = pa.struct(
+    [
+        ("rollout_id", pa.string()),
+        ("problem_id", pa.string()),
+        ("policy_version", pa.int64()),
+        ("is_replay", pa.bool_()),
+        ("advantage", pa.float32()),
+        ("reward", pa.float32()),
+        ("temperature", pa.float64()),
+        ("prompt_ids", _ids),
+        ("completion_ids", _ids),
+        ("logprobs", _floats),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One optimizer step's worth of rollouts: fresh ones first, then replayed ones."""
+
+    KIND: ClassVar[str] = "train_batch"
+    SCHEMA: ClassVar[pa.Schema] = pa.schema(
+        [
+            ("batch_id", pa.string()),
+            ("seq", pa.int64()),
+            ("learner_version", pa.int64()),
+            ("rollouts_generated", pa.int64()),
+            ("rollouts", pa.list_(_train_rollout_type)),
+            ("created_at", pa.float64()),
+        ]
+    )
+    batch_id: str
+    seq: int
+    learner_version: int
+    rollouts_generated: int
+    rollouts: list[TrainRollout]
+    created_at: float = 0.0
+
+    def ages(self, version: int) -> list[int]:
+        return [version - r.policy_version for r in self.rollouts]
+
+    def validate(self) -> None:
+        _require(self.seq >= 0, "invalid_value", "negative seq")
+        for r in self.rollouts:
+            _require(math.isfinite(r.advantage), "invalid_value", "advantage is not finite")
+            _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")
+
+
+@dataclass(frozen=True)
+class PolicyVersion:
+    """The learner announces new weights. ``checkpoint_uri`` is empty between checkpoints."""
+
+    KIND: ClassVar[str] = "policy_version"
+    SCHEMA: ClassVar[pa.Schema] = pa.schema(
+        [
+            ("version", pa.int64()),
+            ("checkpoint_uri", pa.string()),
+            ("last_batch_seq", pa.int64()),
+            ("created_at", pa.float64()),
+        ]
+    )
+    version: int
+    checkpoint_uri: str
+    last_batch_seq: int
+    created_at: float = 0.0
+
+    def validate(self) -> None:
+        _require(self.version >= 0, "invalid_value", "negative version")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message some service could not use, kept byte for byte with the reason."""
+
+    KIND: ClassVar[str] = "dead_letter"
+    SCHEMA: ClassVar[pa.Schema] = pa.schema(
+        [
+            ("source_topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("reason", pa.string()),
+            ("detail", pa.string()),
+            ("service", pa.string()),
+            ("key", pa.binary()),
+            ("original", pa.binary()),
+            ("created_at", pa.float64()),
+        ]
+    )
+    source_topic: str
+    partition: int
+    offset: int
+    reason: str
+    detail: str
+    service: str
+    key: bytes | None
+    original: bytes
+    created_at: float = 0.0
+
+    def validate(self) -> None:
+        pass
+
+
+RECORD_TYPES = {cls.KIND: cls for cls in (Dispatch, RolloutGroup, TrainBatch, PolicyVersion, DeadLetter)}
+
+
+def _require(ok: bool, reason: str, detail: str) -> None:
+    if not ok:
+        raise DecodeError(reason, detail)
+
+
+def _schema_with_meta(cls) -> pa.Schema:
+    return cls.SCHEMA.with_metadata({"kind": cls.KIND, "schema_version": str(SCHEMA_VERSION)})
+
+
+def encode(record) -> bytes:
+    """Arrow IPC stream bytes of one record."""
+    schema = _schema_with_meta(type(record))
+    row = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    for name in ("sampling",):
+        if name in row:
+            row[name] = dataclasses.asdict(row[name])
+    if "rollouts" in row:
+        row["rollouts"] = [dataclasses.asdict(r) for r in row["rollouts"]]
+    batch = pa.RecordBatch.from_pylist([row], schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def headers(record) -> list[tuple[str, bytes]]:
+    """Kafka headers for a record: kind, schema_version and, where it has one, policy_version."""
+    out = [("kind", record.KIND.encode()), ("schema_version", str(SCHEMA_VERSION).encode())]
+    version = getattr(record, "policy_version", getattr(record, "version", None))
+    if version is not None:
+        out.append(("policy_version", str(version).encode()))
+    return out
+
+
+def decode(data: bytes, expected: type | None = None):
+    """Decode bytes made by :func:`encode`; raise :class:`DecodeError` on anything else."""
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(data))
+        table = reader.read_all()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, EOFError) as exc:
+        raise DecodeError("not_arrow", str(exc)[:200]) from None
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    kind = meta.get("kind")
+    if kind not in RECORD_TYPES:
+        raise DecodeError("unknown_kind", repr(kind))
+    cls = RECORD_TYPES[kind]
+    if expected is not None and cls is not expected:
+        raise DecodeError("wrong_kind", f"expected {expected.KIND}, got {kind}")
+    if meta.get("schema_version") != str(SCHEMA_VERSION):
+        raise DecodeError("wrong_schema_version", f"got {meta.get('schema_version')!r}, want {SCHEMA_VERSION}")
+    missing = [f.name for f in cls.SCHEMA if f.name not in table.schema.names]
+    if missing:
+        raise DecodeError("missing_column", ", ".join(missing))
+    for f in cls.SCHEMA:
+        if not table.schema.field(f.name).type.equals(f.type):
+            raise DecodeError("wrong_type", f"{f.name}: {table.schema.field(f.name).type}")
+    if table.num_rows != 1:
+        raise DecodeError("wrong_row_count", str(table.num_rows))
+    row = table.to_pylist()[0]
+    try:
+        record = _from_row(cls, row)
+    except (TypeError, KeyError) as exc:
+        raise DecodeError("invalid_value", str(exc)[:200]) from None
+    record.validate()
+    return record
+
+
+def _from_row(cls, row: dict):
+    if any(v is None for k, v in row.items() if k not in ("key",)):
+        raise DecodeError("null_field", ", ".join(k for k, v in row.items() if v is None))
+    if cls is Dispatch:
+        row["sampling"] = Sampling(**row["sampling"])
+    elif cls is RolloutGroup:
+        row["rollouts"] = [Rollout(**r) for r in row["rollouts"]]
+    elif cls is TrainBatch:
+        row["rollouts"] = [TrainRollout(**r) for r in row["rollouts"]]
+    return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})

@@ -1,0 +1,57 @@
+import subprocess
+import sys
+
+import pytest
+
+from schemas.config import Config, ConfigError, load_config
+
+
+def test_defaults_validate():
+    cfg = load_config()
+    assert isinstance(cfg, Config) and cfg.transport.type == "memory"
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_config(overrides=["learner.lr=3e-5", "run.name=exp1", "task.train_per_digit=[10, 20]"])
+    assert cfg.learner.lr == 3e-5 and cfg.run.name == "exp1" and cfg.task.train_per_digit == [10, 20]
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("learner.lr=-1", "learner.lr"),
+        ("sampling.group_size=1", "sampling.group_size"),
+        ("transport.type='carrier-pigeon'", "transport.type"),
+        ("learner.lrr=1e-5", "learner.lrr"),
+        ("scheduler.max_in_flight=2", "scheduler.max_in_flight"),
+    ],
+)
+def test_bad_field_is_named(override, field):
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides=[override])
+    assert field in str(exc.value)
+
+
+def test_toml_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[learner]\nlr = 2e-5\n[transport]\ntype = "kafka"\n[transport.kafka]\nbootstrap_servers = "k:9092"\n')
+    cfg = load_config(path)
+    assert cfg.learner.lr == 2e-5 and cfg.transport.kafka.bootstrap_servers == "k:9092"
+
+
+def test_config_is_frozen():
+    cfg = load_config()
+    with pytest.raises(Exception):
+        cfg.learner.lr = 1.0
+
+
+def test_cli_reports_bad_config_before_importing_torch():
+    code = (
+        "import sys\n"
+        "from prl.cli import main\n"
+        "try:\n    main(['run', '--set', 'learner.lr=-1'])\n"
+        "except SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "exit 2 False" in out.stdout
+    assert "learner.lr" in out.stderr
