@@ -4,8 +4,13 @@ It is saved in Hugging Face layout (config.json, model.safetensors, tokenizer.js
 transformers and vLLM load it like any other model. ``build`` makes it from scratch:
 random weights, then a short supervised warm start on the training side of the
 addition task with hard problems under-represented, so that the policy solves easy
-problems sometimes and hard ones rarely (room for RL to teach). The shipped copy under
-prl/assets/tiny-adder was made by ``python -m prl.tinymodel prl/assets/tiny-adder``.
+problems sometimes and hard ones rarely (room for RL to teach). Half of the warm-start
+answers are written in the other digit order (most significant first): like a
+pretrained model that has seen several formats, the base is unsure which one the
+reward wants, and GRPO has a fast, general lesson to teach (commit to the reversed
+order) on top of the slow one (get more sums right). The shipped copy under
+prl/assets/tiny-adder was made by
+``python -m prl.tinymodel prl/assets/tiny-adder --steps 600 --normal-share 0.5`` (45 s).
 """
 
 from __future__ import annotations
@@ -58,8 +63,9 @@ def build_config():
     )
 
 
-def sft_examples(rng: random.Random, n: int, digit_weights: list[float]) -> list[list[int]]:
-    """Token ids of ``n`` solved training-side problems, difficulty drawn by weight."""
+def sft_examples(rng: random.Random, n: int, digit_weights: list[float], normal_share: float = 0.0) -> list[list[int]]:
+    """Token ids of ``n`` solved training-side problems, difficulty drawn by weight; a
+    ``normal_share`` of answers is written most significant digit first (the other format)."""
     seqs = []
     while len(seqs) < n:
         d = rng.choices(range(1, len(digit_weights) + 1), digit_weights)[0]
@@ -67,7 +73,8 @@ def sft_examples(rng: random.Random, n: int, digit_weights: list[float]) -> list
         p = addition.make_problem(rng.randint(lo, hi), rng.randint(lo, hi), d)
         if addition.is_heldout(p.id):
             continue
-        seqs.append([BOS, *encode(p.prompt), *encode(p.answer), EOS])
+        answer = p.answer[::-1] if rng.random() < normal_share else p.answer
+        seqs.append([BOS, *encode(p.prompt), *encode(answer), EOS])
     return seqs
 
 
@@ -75,7 +82,7 @@ def encode(text: str) -> list[int]:
     return [VOCAB.index(c) for c in text]
 
 
-def warm_start(model, steps: int, seed: int, digit_weights: list[float], lr: float = 1e-3, batch: int = 64):
+def warm_start(model, steps: int, seed: int, digit_weights: list[float], normal_share: float = 0.0, lr: float = 1e-3, batch: int = 64):
     import torch
 
     rng = random.Random(seed)
@@ -83,7 +90,7 @@ def warm_start(model, steps: int, seed: int, digit_weights: list[float], lr: flo
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     model.train()
     for step in range(steps):
-        seqs = sft_examples(rng, batch, digit_weights)
+        seqs = sft_examples(rng, batch, digit_weights, normal_share)
         width = max(map(len, seqs))
         ids = torch.tensor([s + [PAD] * (width - len(s)) for s in seqs])
         labels = ids.clone()
@@ -101,14 +108,14 @@ def warm_start(model, steps: int, seed: int, digit_weights: list[float], lr: flo
     model.eval()
 
 
-def build(out_dir: Path, steps: int = 600, seed: int = 0, digit_weights=(0.3, 0.45, 0.2, 0.05)) -> Path:
+def build(out_dir: Path, steps: int = 600, seed: int = 0, digit_weights=(0.3, 0.45, 0.2, 0.05), normal_share: float = 0.5) -> Path:
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     model = LlamaForCausalLM(build_config())
-    warm_start(model, steps, seed, list(digit_weights))
+    warm_start(model, steps, seed, list(digit_weights), normal_share)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     build_tokenizer().save_pretrained(out_dir)
@@ -121,8 +128,9 @@ def main() -> None:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--normal-share", type=float, default=0.5, help="share of warm-start answers in the other digit order")
     args = ap.parse_args()
-    build(args.out_dir, args.steps, args.seed)
+    build(args.out_dir, args.steps, args.seed, normal_share=args.normal_share)
 
 
 if __name__ == "__main__":

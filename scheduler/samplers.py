@@ -33,6 +33,12 @@ class UniformSampler:
         self.attempts[idx] += len(rewards)
         self.successes[idx] += float(sum(r > 0 for r in rewards))
 
+    def on_version(self, version: int) -> None:
+        pass
+
+    def release(self, idx: int) -> None:
+        pass
+
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "attempts": self.attempts.tolist(), "successes": self.successes.tolist()}
 
@@ -46,7 +52,12 @@ class UniformSampler:
         return {"problems_seen": int(seen.sum())}
 
 
-def make_sampler(cfg, num_problems: int, seed: int):
-    if cfg.strategy == "uniform":
-        return UniformSampler(num_problems, seed)
+def make_sampler(cfg, groups, seed: int):
+    """The sampler of a scheduler config; ``groups[i]`` is problem i's prior group."""
+    if cfg.strategy in ("uniform", "dapo_filter"):
+        return UniformSampler(len(groups), seed)
+    if cfg.strategy == "success_variance":
+        from scheduler.priority import PrioritySampler
+
+        return PrioritySampler(np.asarray(groups), cfg.priority, seed)
     raise ValueError(f"unknown scheduler.strategy {cfg.strategy!r}")

@@ -42,7 +42,7 @@ class Scheduler(Service):
         super().__init__(cfg, transport, metrics)
         self.problems = addition.train_pool(cfg.task.train_per_digit, cfg.task.seed)
         self.index = {p.id: i for i, p in enumerate(self.problems)}
-        self.sampler = make_sampler(cfg.scheduler, len(self.problems), cfg.run.seed)
+        self.sampler = make_sampler(cfg.scheduler, [p.difficulty - 1 for p in self.problems], cfg.run.seed)
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
@@ -72,6 +72,7 @@ class Scheduler(Service):
             if record is not None and record.version >= self.learner_version:
                 self.learner_version = record.version
                 self.learner_last_seq = max(self.learner_last_seq, record.last_batch_seq)
+        self.sampler.on_version(self.learner_version)
 
     def accept_rollouts(self) -> None:
         msgs = self.rollouts.poll(self.poll_s)
@@ -93,7 +94,7 @@ class Scheduler(Service):
         self.groups_returned += 1
         signal = has_signal(group.rewards)
         self.groups_with_signal += signal
-        if self.cfg.scheduler.filter_zero_variance and not signal:
+        if self.cfg.filters_zero_variance and not signal:
             self.count("zero_signal_dropped")
             return
         self.fresh.append(group)

@@ -70,12 +70,29 @@ class SamplingConfig(Section):
     max_tokens: int = Field(8, ge=1, description="Largest completion length in tokens.")
 
 
+class PriorityConfig(Section):
+    """Problem priority p(1-p) (strategy success_variance); see scheduler/priority.py."""
+
+    prior: Literal["flat", "group"] = Field("group", description="Beta prior of an unseen problem: flat Beta(alpha, beta), or its group's pooled rate.")
+    alpha: float = Field(1.0, gt=0, description="Flat prior successes.")
+    beta: float = Field(1.0, gt=0, description="Flat prior failures.")
+    pseudo_count: float = Field(2.0, gt=0, description="Weight, in attempts, of the group's pooled rate (prior = group).")
+    half_life_versions: float = Field(0.0, ge=0, description="Exponential decay of old outcomes, in policy versions (0: none).")
+    mode: Literal["greedy", "gumbel"] = Field("gumbel", description="greedy: highest priority first; gumbel: sample in proportion to priority.")
+    retest: bool = Field(True, description="Move always-solved / always-failed problems to retest pools.")
+    retest_after: int = Field(1, ge=1, le=100, description="Consecutive all-solved (all-failed) groups that move a problem to a pool.")
+    retest_interval: int = Field(10, ge=1, description="Learner versions between retest rounds.")
+    retest_share: float = Field(0.1, gt=0, le=1, description="Share of each pool dispatched again per retest round (longest-untested first).")
+
+
 class SchedulerConfig(Section):
-    strategy: Literal["uniform"] = Field("uniform", description="How the next problem is chosen.")
+    strategy: Literal["uniform", "dapo_filter", "success_variance"] = Field(
+        "success_variance", description="uniform; dapo_filter (uniform, zero-signal groups not trained on); success_variance (p(1-p) priority).")
+    priority: PriorityConfig = PriorityConfig()
     groups_per_batch: int = Field(16, ge=1, description="Rollout groups (before filtering) that make one training batch.")
     max_in_flight: int = Field(32, ge=1, description="Dispatched groups not yet answered, at most.")
     dispatch_timeout_s: float = Field(120.0, gt=0, description="An unanswered dispatch is issued again after this long.")
-    filter_zero_variance: bool = Field(True, description="Drop groups whose rewards are all equal (they carry no advantage).")
+    filter_zero_variance: bool | None = Field(None, description="Drop groups whose rewards are all equal; unset: off for uniform, on otherwise.")
     tau_max: int = Field(10, ge=0, description="Rollouts more than tau_max policy versions old are never trained on.")
     max_batches_ahead: int = Field(2, ge=1, description="Batches published but not yet trained, at most.")
 
@@ -89,7 +106,7 @@ class ProducerConfig(Section):
 
 
 class LearnerConfig(Section):
-    lr: float = Field(1e-4, gt=0, lt=1, description="AdamW learning rate (1e-4 suits the tiny model; the papers use 1e-6 at 1.7-8B).")
+    lr: float = Field(3e-5, gt=0, lt=1, description="AdamW learning rate (3e-5 suits the tiny model; 1e-4 learns faster but unstably; the papers use 1e-6 at 1.7-8B).")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
     clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio lower clip: 1 - clip_low.")
@@ -112,8 +129,15 @@ class Config(Section):
     producer: ProducerConfig = ProducerConfig()
     learner: LearnerConfig = LearnerConfig()
 
+    @property
+    def filters_zero_variance(self) -> bool:
+        s = self.scheduler
+        return s.strategy != "uniform" if s.filter_zero_variance is None else s.filter_zero_variance
+
     @model_validator(mode="after")
     def _cross_field(self) -> "Config":
+        if self.scheduler.strategy == "dapo_filter" and self.scheduler.filter_zero_variance is False:
+            raise ValueError("scheduler.filter_zero_variance cannot be false with strategy dapo_filter")
         if self.scheduler.max_in_flight < self.scheduler.groups_per_batch:
             raise ValueError("scheduler.max_in_flight must be >= scheduler.groups_per_batch, or no batch can fill")
         kafka = self.transport.kafka
