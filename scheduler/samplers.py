@@ -30,8 +30,11 @@ class UniformSampler:
         return out
 
     def observe(self, idx: int, rewards: list[float], version: int) -> None:
-        self.attempts[idx] += len(rewards)
-        self.successes[idx] += float(sum(r > 0 for r in rewards))
+        self.observe_many([idx], [sum(r > 0 for r in rewards)], [len(rewards)], version)
+
+    def observe_many(self, idx, solved, attempts, version: int) -> None:
+        np.add.at(self.attempts, np.asarray(idx), np.asarray(attempts, dtype=np.int32))
+        np.add.at(self.successes, np.asarray(idx), np.asarray(solved, dtype=np.float32))
 
     def on_version(self, version: int) -> None:
         pass

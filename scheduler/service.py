@@ -76,28 +76,34 @@ class Scheduler(Service):
 
     def accept_rollouts(self) -> None:
         msgs = self.rollouts.poll(self.poll_s)
+        outcomes: list[tuple[int, int, int]] = []  # (problem, solved, attempts), observed together
         for msg in msgs:
             group = self.decode_or_dead_letter(msg, RolloutGroup)
             if group is not None:
-                self.accept(group)
+                problem = self.accept(group)
+                if problem is not None:
+                    outcomes.append((problem, sum(r > 0 for r in group.rewards), len(group.rewards)))
+        if outcomes:
+            self.sampler.observe_many(*zip(*outcomes), self.learner_version)
         if msgs:
             self.rollouts.commit()
 
-    def accept(self, group: RolloutGroup) -> None:
+    def accept(self, group: RolloutGroup) -> int | None:
+        """Take a result in; return its problem index, or None for a duplicate or unknown one."""
         flight = self.in_flight.pop(group.dispatch_id, None)
         if flight is None:
             self.count("duplicate_or_unknown_results")
-            return
+            return None
         self.remember_answered(group.dispatch_id)
-        self.sampler.observe(flight.problem, group.rewards, group.policy_version)
         self.rollouts_generated += len(group.rollouts)
         self.groups_returned += 1
         signal = has_signal(group.rewards)
         self.groups_with_signal += signal
         if self.cfg.filters_zero_variance and not signal:
             self.count("zero_signal_dropped")
-            return
-        self.fresh.append(group)
+        else:
+            self.fresh.append(group)
+        return flight.problem
 
     def remember_answered(self, dispatch_id: str) -> None:
         self.answered[dispatch_id] = None

@@ -67,7 +67,7 @@ def test_greedy_order_follows_priority():
         s.observe(i, [1.0] * solved + [0.0] * (8 - solved), 1)
     order = s.next(30)
     prios = [s.priority(i) for i in order]
-    assert prios == sorted(prios, reverse=True)
+    assert all(a >= b - 1e-9 for a, b in zip(prios, prios[1:]))
 
 
 def test_solved_problem_whose_retest_fails_returns_to_heap():
