@@ -47,10 +47,18 @@ class NaiveSortingSampler:
 
 
 def run_prl(n: int, rounds: int, k: int, g: int, seed: int) -> dict:
+    """Timed pass without tracing, then the same run again under tracemalloc for bytes."""
+    timed = _prl_pass(n, rounds, k, g, seed, trace=False)
+    traced = _prl_pass(n, rounds, k, g, seed, trace=True)
+    return {**timed, "bytes_per_problem": traced["bytes_per_problem"], "peak_bytes_per_problem": traced["peak_bytes_per_problem"]}
+
+
+def _prl_pass(n: int, rounds: int, k: int, g: int, seed: int, trace: bool) -> dict:
     rng = np.random.default_rng(seed)
     truth = rng.beta(0.5, 0.5, n)
     groups = rng.integers(0, 8, n)
-    tracemalloc.start()
+    if trace:
+        tracemalloc.start()
     sampler = PrioritySampler(groups, PriorityConfig(), seed)
     dispatch_s = observe_s = 0.0
     dispatched = observed = 0
@@ -67,9 +75,9 @@ def run_prl(n: int, rounds: int, k: int, g: int, seed: int) -> dict:
         observe_s += t3 - t2
         dispatched += len(picked)
         observed += len(picked)
-    _, peak = tracemalloc.get_traced_memory()
-    current, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    current, peak = tracemalloc.get_traced_memory() if trace else (0, 0)
+    if trace:
+        tracemalloc.stop()
     return {
         "dispatches_per_s": dispatched / dispatch_s,
         "updates_per_s": observed / observe_s,
@@ -83,7 +91,6 @@ def run_naive(n: int, rounds: int, k: int, g: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     truth = rng.beta(0.5, 0.5, n)
     rng.integers(0, 8, n)
-    tracemalloc.start()
     sampler = NaiveSortingSampler(n)
     dispatch_s = observe_s = 0.0
     dispatched = 0
@@ -98,16 +105,15 @@ def run_naive(n: int, rounds: int, k: int, g: int, seed: int) -> dict:
         observe_s += time.perf_counter() - t2
         dispatch_s += t1 - t0
         dispatched += len(picked)
-    current, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    state_bytes = sampler.successes.nbytes + sampler.attempts.nbytes + sampler.busy.nbytes
     return {"dispatches_per_s": dispatched / dispatch_s, "updates_per_s": dispatched / observe_s,
-            "bytes_per_problem": current / n, "dispatched": dispatched}
+            "bytes_per_problem": state_bytes / n, "dispatched": dispatched}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench scheduler", description=__doc__.splitlines()[0])
     ap.add_argument("--problems", type=int, default=1_000_000)
-    ap.add_argument("--rounds", type=int, default=400, help="dispatch rounds for prl")
+    ap.add_argument("--rounds", type=int, default=4000, help="dispatch rounds for prl (4000 x 512: every problem seen twice)")
     ap.add_argument("--naive-rounds", type=int, default=20, help="dispatch rounds for the naive sampler (it is slow)")
     ap.add_argument("--batch", type=int, default=512, help="problems dispatched per round")
     ap.add_argument("--group-size", type=int, default=8)

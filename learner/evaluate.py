@@ -17,7 +17,7 @@ def heldout_accuracy(backend: Backend, problems, reward_fn, max_tokens: int, chu
     hits: dict[int, list[float]] = defaultdict(list)
     for lo in range(0, len(problems), chunk):
         part = problems[lo : lo + chunk]
-        reqs = [Request(backend.encode(p.prompt), 1, sampling) for p in part]
+        reqs = [Request(backend.encode(p.prompt, chat=p.chat), 1, sampling) for p in part]
         for p, (c,) in zip(part, backend.generate(reqs, greedy=True)):
             hits[p.difficulty].append(reward_fn(backend.decode(c.token_ids), p.answer))
     out = {f"accuracy_d{d}": sum(v) / len(v) for d, v in sorted(hits.items())}

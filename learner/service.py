@@ -20,7 +20,7 @@ from prl.models import export_state, load_model, load_tokenizer, resolve_model_d
 from prl.service import Service
 from producers.backends import TransformersBackend
 from producers.rewards import load_reward
-from prl.tasks import addition
+from prl.tasks import heldout_problems
 from schemas import PolicyVersion, TrainBatch, encode, headers
 from schemas.topics import BATCHES, POLICY
 
@@ -43,13 +43,13 @@ class Learner(Service):
         self.last_seq = -1
         self.checkpoint_uri = ""
         self.rollouts_generated = 0
-        self.heldout = addition.heldout_set(cfg.task.heldout_per_digit, len(cfg.task.train_per_digit))
+        self.heldout = heldout_problems(cfg.task)
         self.reward_fn = load_reward(cfg.producer.reward)
         self.eval_backend = TransformersBackend(self.model, self.tokenizer)
         self._resume()
         self.batches = transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner")
         self.announce()
-        if cfg.learner.eval_every and self.version == 0:
+        if cfg.learner.eval_every and self.heldout and self.version == 0:
             self.evaluate()
 
     def _resume(self) -> None:
@@ -107,7 +107,7 @@ class Learner(Service):
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
         self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3), rollouts=len(usable))
         every = self.cfg.learner.eval_every
-        if every and (self.version % every == 0 or self.version >= self.cfg.learner.max_steps):
+        if every and self.heldout and (self.version % every == 0 or self.version >= self.cfg.learner.max_steps):
             self.evaluate()
 
     def save(self) -> None:

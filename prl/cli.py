@@ -31,7 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         _common(sub.add_parser(name, help=f"the {name} service over the configured transport"))
     cfg = sub.add_parser("config", help="print the validated config as TOML")
     _common(cfg)
+    bench = sub.add_parser("bench", help="benchmarks (benchmarks/*.py); `prl bench NAME --help`")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     return ap
+
+
+BENCHMARKS = ("scheduler", "strategies")
 
 
 def load(args) -> "Config":  # noqa: F821
@@ -51,6 +57,10 @@ def load(args) -> "Config":  # noqa: F821
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        import importlib
+
+        return importlib.import_module(f"benchmarks.{args.name}").main(args.args)
     cfg = load(args)
     from prl import logs
 

@@ -42,8 +42,9 @@ class Backend(abc.ABC):
         """Replace the weights with a checkpoint's; afterwards ``self.version == version``."""
 
     @abc.abstractmethod
-    def encode(self, text: str) -> list[int]:
-        """Prompt token ids (with the model's start token)."""
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        """Prompt token ids (with the model's start token); ``chat``: ``text`` is a JSON
+        list of messages, rendered with the model's chat template."""
 
     @abc.abstractmethod
     def decode(self, ids: list[int]) -> str: ...
@@ -64,7 +65,13 @@ class TransformersBackend(Backend):
 
         return cls(load_model(model_path, dtype), load_tokenizer(model_path))
 
-    def encode(self, text):
+    def encode(self, text, chat=False):
+        if chat:
+            import json
+
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError("chat prompt, but the model's tokenizer has no chat template")
+            return self.tokenizer.apply_chat_template(json.loads(text), add_generation_prompt=True, tokenize=True)
         return self.tokenizer(text)["input_ids"]
 
     def decode(self, ids):

@@ -61,7 +61,7 @@ class Producer(Service):
 
     def rollout_groups(self, dispatches: list[Dispatch]) -> list[RolloutGroup]:
         t0 = time.perf_counter()
-        prompts = [self.backend.encode(d.prompt) for d in dispatches]
+        prompts = [self.backend.encode(d.prompt, chat=d.chat) for d in dispatches]
         results = self.backend.generate([Request(p, d.group_size, d.sampling) for p, d in zip(prompts, dispatches)])
         gen_s = (time.perf_counter() - t0) / len(dispatches)
         groups = []

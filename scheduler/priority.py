@@ -13,9 +13,9 @@ with numpy views for vectorised metrics), not in one Python object per problem.
   its result returns. ``gumbel`` mode keys an entry by log priority + Gumbel noise drawn
   at insertion: popping the max samples in proportion to priority without replacement.
 - Unseen problems of a group share one priority, so they are not in the heap one by one:
-  each group keeps a shuffled order of its unseen problems and competes in the heap
-  through one representative entry (gumbel key: log prio + log m + Gumbel, the max of its
-  m members' keys), re-keyed when the group's pooled rate moves.
+  each group keeps a shuffled order of its unseen problems; each ``next`` draws the
+  group's best keys from the order statistics of its m members' keys and merges them
+  with the heap's (in gumbel mode these are drawn afresh per call, heap keys at insertion).
 - Retest: a problem whose last ``retest_after`` groups were all solved (all failed) goes
   to the solved (unsolved) pool, out of the heap. Every ``retest_interval`` learner
   versions, ``retest_share`` of each pool, longest-untested first, is queued for
@@ -33,8 +33,6 @@ from collections import deque
 import numpy as np
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED = 0, 1, 2, 3, 4
-_GUMBEL_BLOCK = 1 << 16
-_REKEY_TOLERANCE = 0.01  # re-key a group's unseen entry when its priority moves by 1%
 
 
 def _typed(code: str, n: int, value=0) -> tuple[array, np.ndarray]:
@@ -61,21 +59,16 @@ class PrioritySampler:
         self.num_groups = int(groups.max()) + 1 if n else 0
         self.group_successes = np.zeros(self.num_groups)
         self.group_attempts = np.zeros(self.num_groups)
-        self.group_stamp = [0] * self.num_groups
-        self.group_keyed_priority = [0.0] * self.num_groups
         self.unseen_order = [array("i", self.rng.permutation(np.flatnonzero(groups == g)).astype(np.int32).tobytes())
                              for g in range(self.num_groups)]
         self.unseen_pos = [0] * self.num_groups
-        self.heap: list[tuple[float, int, int]] = []  # (-key, stamp, problem >= 0 | -(group+1))
+        self.heap: list[tuple[float, int, int]] = []  # (-key, stamp, problem), seen problems only
         self.pools = {SOLVED: deque(), UNSOLVED: deque()}
         self.retest_queue: deque[int] = deque()
         self.version = 0
         self.last_retest_version = 0
         self.dispatched = 0
         self.retests_dispatched = 0
-        self._gumbel: list[float] = []
-        for g in range(self.num_groups):
-            self._push_group(g)
 
     # -- estimates ------------------------------------------------------------------
     def group_rate(self, g: int) -> float:
@@ -88,17 +81,11 @@ class PrioritySampler:
         p = self.group_rate(g) if self.cfg.prior == "group" else self.cfg.alpha / (self.cfg.alpha + self.cfg.beta)
         return p * (1.0 - p)
 
-    def _key(self, priority: float, multiplicity: int = 1) -> float:
-        if self.cfg.mode == "greedy":
-            return priority
-        if not self._gumbel:
-            self._gumbel = self.rng.gumbel(size=_GUMBEL_BLOCK).tolist()
-        return math.log(priority if priority > 1e-12 else 1e-12) + math.log(multiplicity) + self._gumbel.pop()
-
     # -- the sampler interface ------------------------------------------------------
     def next(self, k: int, busy: set[int] | None = None) -> list[int]:
-        """Up to k problems: due retests first, then the best of the heap. ``busy`` is not
-        needed (the sampler tracks what is in flight) and kept for interface parity."""
+        """Up to k problems: due retests first, then the best keys of the heap and of the
+        unseen groups, merged. ``busy`` is not needed (the sampler tracks what is in
+        flight); it is kept for interface parity with the uniform sampler."""
         out: list[int] = []
         state = self.state
         queue = self.retest_queue
@@ -108,31 +95,53 @@ class PrioritySampler:
                 state[i] = IN_FLIGHT
                 self.retests_dispatched += 1
                 out.append(i)
+        ukeys, ugroups = self._unseen_candidates(k - len(out))
         heap, stamp, pop = self.heap, self.stamp, heapq.heappop
-        while len(out) < k and heap:
-            _, st, i = pop(heap)
-            if i >= 0:
-                if state[i] == HEAP and stamp[i] == st:
-                    state[i] = IN_FLIGHT
-                    out.append(i)
-                continue
-            g = -i - 1
-            if st != self.group_stamp[g]:
-                continue
-            order, pos = self.unseen_order[g], self.unseen_pos[g]
-            prio = self.group_keyed_priority[g]
-            while pos < len(order) and len(out) < k:
-                i = order[pos]
-                pos += 1
-                state[i] = IN_FLIGHT
-                out.append(i)
-                # The group's next key: while it still beats the heap's best, take its next unseen.
-                if heap and pos < len(order) and self._key(prio, len(order) - pos) < -heap[0][0]:
-                    break
-            self.unseen_pos[g] = pos
-            self._push_group(g)
+        orders, positions = self.unseen_order, self.unseen_pos
+        j, nu = 0, len(ukeys)
+        while len(out) < k:
+            while heap and (state[heap[0][2]] != HEAP or stamp[heap[0][2]] != heap[0][1]):
+                pop(heap)  # stale entry: lazy invalidation
+            if heap and (j >= nu or -heap[0][0] >= ukeys[j]):
+                i = pop(heap)[2]
+            elif j < nu:
+                g = ugroups[j]
+                j += 1
+                i = orders[g][positions[g]]
+                positions[g] += 1
+            else:
+                break
+            state[i] = IN_FLIGHT
+            out.append(i)
         self.dispatched += len(out)
         return out
+
+    def _unseen_candidates(self, need: int) -> tuple[list[float], list[int]]:
+        """The best ``need`` keys among all unseen problems, (keys descending, group of each).
+
+        Unseen problems of a group share one priority; in gumbel mode the top keys of its
+        m members are drawn at once from the order statistics of m Gumbels (Renyi:
+        the r-th largest is -log(sum_{s<=r} e_s / (m - s + 1)), e_s ~ Exp(1))."""
+        if need <= 0:
+            return [], []
+        keys, groups = [], []
+        for g in range(self.num_groups):
+            m = len(self.unseen_order[g]) - self.unseen_pos[g]
+            if m <= 0:
+                continue
+            r = min(need, m)
+            prio = max(self.unseen_priority(g), 1e-12)
+            if self.cfg.mode == "greedy":
+                keys.append(np.full(r, prio))
+            else:
+                spacing = self.rng.exponential(size=r) / (m - np.arange(r))
+                keys.append(math.log(prio) - np.log(np.cumsum(spacing)))
+            groups.append(np.full(r, g))
+        if not keys:
+            return [], []
+        keys_a, groups_a = np.concatenate(keys), np.concatenate(groups)
+        top = np.argsort(-keys_a, kind="stable")[:need]
+        return keys_a[top].tolist(), groups_a[top].tolist()
 
     def observe(self, i: int, rewards, version: int) -> None:
         """Record one returned group's rewards for problem i."""
@@ -167,11 +176,6 @@ class PrioritySampler:
             self.pools[pool].extend(members.tolist())  # after its test: longest-untested first
         back = idx[(streak > -k) & (streak < k)]
         self._push_many(back)
-        if self.cfg.prior == "group":
-            for g in np.unique(groups).tolist():
-                prio = self.unseen_priority(g)
-                if abs(prio - self.group_keyed_priority[g]) > _REKEY_TOLERANCE * max(prio, 1e-9):
-                    self._push_group(g)
 
     def release(self, i: int) -> None:
         """A dispatch abandoned without a result: the problem becomes choosable again."""
@@ -221,21 +225,13 @@ class PrioritySampler:
         for entry in zip((-keys).tolist(), stamps.tolist(), idx.tolist()):
             push(heap, entry)
 
-    def _push_group(self, g: int) -> None:
-        self.group_stamp[g] += 1
-        m = len(self.unseen_order[g]) - self.unseen_pos[g]
-        prio = self.group_keyed_priority[g] = self.unseen_priority(g)
-        if m <= 0:
-            return
-        heapq.heappush(self.heap, (-self._key(prio, m), self.group_stamp[g], -g - 1))
-
     def _compact(self) -> None:
         """Drop stale heap entries once they outnumber live ones (bounds memory)."""
-        if len(self.heap) < 1024 or len(self.heap) < 2 * (self.n + self.num_groups) // 2:
+        live = int((self._state_np == HEAP).sum())
+        if len(self.heap) < max(1024, 2 * live):
             return
-        state, stamp, gst = self.state, self.stamp, self.group_stamp
-        self.heap = [e for e in self.heap if (e[2] >= 0 and state[e[2]] == HEAP and stamp[e[2]] == e[1])
-                     or (e[2] < 0 and gst[-e[2] - 1] == e[1])]
+        state, stamp = self.state, self.stamp
+        self.heap = [e for e in self.heap if state[e[2]] == HEAP and stamp[e[2]] == e[1]]
         heapq.heapify(self.heap)
 
     # -- state and metrics ----------------------------------------------------------
@@ -274,24 +270,21 @@ class PrioritySampler:
         """JSON-able state (lists and numbers only; no pickle)."""
         return {
             "arrays": {name: getattr(self, name).tolist() for name in self.ARRAYS},
-            "groups": [self.group_successes.tolist(), self.group_attempts.tolist(), self.group_stamp,
-                       self.group_keyed_priority],
+            "groups": [self.group_successes.tolist(), self.group_attempts.tolist()],
             "unseen_order": [o.tolist() for o in self.unseen_order],
             "unseen_pos": list(self.unseen_pos),
             "heap": [list(e) for e in self.heap],
             "pools": {str(k): list(v) for k, v in self.pools.items()},
             "retest_queue": list(self.retest_queue),
             "rng": self.rng.bit_generator.state,
-            "gumbel": list(self._gumbel),
             "counters": [self.version, self.last_retest_version, self.dispatched, self.retests_dispatched],
         }
 
     def load_state_dict(self, st: dict) -> None:
         for name in self.ARRAYS:
             getattr(self, f"_{name}_np")[:] = st["arrays"][name]
-        successes, attempts, stamps, keyed = st["groups"]
+        successes, attempts = st["groups"]
         self.group_successes, self.group_attempts = np.array(successes), np.array(attempts)
-        self.group_stamp, self.group_keyed_priority = list(stamps), list(keyed)
         self.unseen_order = [array("i", o) for o in st["unseen_order"]]
         self.unseen_pos = list(st["unseen_pos"])
         self.heap = [tuple(e) for e in st["heap"]]
@@ -299,5 +292,4 @@ class PrioritySampler:
         self.pools = {int(k): deque(v) for k, v in st["pools"].items()}
         self.retest_queue = deque(st["retest_queue"])
         self.rng.bit_generator.state = st["rng"]
-        self._gumbel = list(st["gumbel"])
         self.version, self.last_retest_version, self.dispatched, self.retests_dispatched = st["counters"]

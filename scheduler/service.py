@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from prl.service import Service
-from prl.tasks import addition
+from prl.tasks import train_problems
 from scheduler.advantages import has_signal
 from scheduler.batches import compose_batch
 from scheduler.samplers import make_sampler
@@ -40,9 +40,11 @@ class Scheduler(Service):
 
     def __init__(self, cfg, transport, metrics=None):
         super().__init__(cfg, transport, metrics)
-        self.problems = addition.train_pool(cfg.task.train_per_digit, cfg.task.seed)
+        self.problems = train_problems(cfg.task)
         self.index = {p.id: i for i, p in enumerate(self.problems)}
-        self.sampler = make_sampler(cfg.scheduler, [p.difficulty - 1 for p in self.problems], cfg.run.seed)
+        self.group_names = sorted({p.group_key for p in self.problems})
+        group_index = {g: i for i, g in enumerate(self.group_names)}
+        self.sampler = make_sampler(cfg.scheduler, [group_index[p.group_key] for p in self.problems], cfg.run.seed)
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
@@ -147,7 +149,7 @@ class Scheduler(Service):
         p = self.problems[idx]
         d = Dispatch(
             uuid.uuid4().hex, p.id, p.prompt, p.answer, self.cfg.sampling.group_size, self.sampling,
-            self.learner_version, attempt, time.time(),
+            self.learner_version, attempt, time.time(), p.chat,
         )
         self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt)
         self.publisher.publish(self.topic(PROBLEMS), encode(d), key=p.id.encode(), headers=headers(d))

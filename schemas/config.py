@@ -52,7 +52,10 @@ class TransportConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["addition"] = Field("addition", description="Built-in task.")
+    name: Literal["addition", "dataset"] = Field("addition", description="addition (built-in) or dataset (files at task.train_path).")
+    train_path: str | None = Field(None, description="Training problems (task.name = dataset): Parquet or JSONL, path or fsspec URI.")
+    heldout_path: str | None = Field(None, description="Held-out problems for evaluation (task.name = dataset); none: no evaluation.")
+    group_field: str = Field("difficulty", description="Dataset column whose value groups problems for the shared prior.")
     train_per_digit: list[int] = Field([80, 600, 600, 600], min_length=1, max_length=6, description="Training-pool problems per difficulty (digits 1, 2, ...).")
     heldout_per_digit: int = Field(300, ge=1, description="Held-out evaluation problems per difficulty (disjoint from training).")
     seed: int = Field(0, description="Seed of the training pool.")
@@ -136,6 +139,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _cross_field(self) -> "Config":
+        if self.task.name == "dataset" and not self.task.train_path:
+            raise ValueError("task.train_path is required when task.name = 'dataset'")
         if self.scheduler.strategy == "dapo_filter" and self.scheduler.filter_zero_variance is False:
             raise ValueError("scheduler.filter_zero_variance cannot be false with strategy dapo_filter")
         if self.scheduler.max_in_flight < self.scheduler.groups_per_batch:

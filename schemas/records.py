@@ -65,6 +65,7 @@ class Dispatch:
             ("learner_version", pa.int64()),
             ("attempt", pa.int32()),
             ("issued_at", pa.float64()),
+            ("chat", pa.bool_()),
         ]
     )
     dispatch_id: str
@@ -76,6 +77,7 @@ class Dispatch:
     learner_version: int
     attempt: int = 0
     issued_at: float = 0.0
+    chat: bool = False  # prompt is a JSON list of chat messages: apply the chat template
 
     def validate(self) -> None:
         _require(self.group_size >= 1, "invalid_value", "group_size must be >= 1")

@@ -19,7 +19,7 @@ def rollout_group(reward=1.0, version=3):
 
 
 EXAMPLES = [
-    Dispatch("d1", "add1:1+2", "1+2=", "3", 8, Sampling(0.9, 0.95, 12, ["\n"]), 4, 1, 1.5e9),
+    Dispatch("d1", "add1:1+2", "1+2=", "3", 8, Sampling(0.9, 0.95, 12, ["\n"]), 4, 1, 1.5e9, True),
     rollout_group(),
     TrainBatch("b1", 7, 5, 1234, [TrainRollout("d1/0", "p", 4, True, -0.5, 0.0, 1.0, [1, 2], [3, 2], [-0.5, -0.125])], 1.5e9),
     PolicyVersion(12, "s3://bucket/run/checkpoints/step-00000012", 11, 1.5e9),

@@ -21,10 +21,19 @@ HELDOUT_SHARE = 5  # one problem in HELDOUT_SHARE belongs to the held-out side
 
 @dataclass(frozen=True)
 class Problem:
+    """One verifiable problem. ``group`` keys the shared prior (difficulty, source, ...);
+    ``chat`` marks a prompt that is a JSON list of chat messages (for chat templates)."""
+
     id: str
     prompt: str
     answer: str
     difficulty: int
+    group: str = ""
+    chat: bool = False
+
+    @property
+    def group_key(self) -> str:
+        return self.group or str(self.difficulty)
 
 
 def problem_id(a: int, b: int, digits: int) -> str:

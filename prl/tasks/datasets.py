@@ -1,0 +1,91 @@
+"""Problem datasets through fsspec: Parquet or JSONL, local or remote (s3://, gs://, ...).
+
+Accepted layouts, per row:
+- plain: ``id``, ``prompt`` (text), ``answer`` (text), optional group column;
+- verl-style Parquet: ``prompt`` as a chat list of {role, content} messages and the answer
+  in ``reward_model.ground_truth``; ``id`` from ``extra_info.index`` when there is no ``id``.
+
+A missing column, an empty prompt or a duplicate id fails with a DatasetError naming the
+file and the row.
+"""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+
+from prl.tasks.addition import Problem
+
+
+class DatasetError(ValueError):
+    pass
+
+
+def read_rows(uri: str) -> list[dict]:
+    if uri.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        with fsspec.open(uri, "rb") as f:
+            return pq.read_table(f).to_pylist()
+    if uri.endswith(".jsonl") or uri.endswith(".json"):
+        rows = []
+        with fsspec.open(uri, "rt") as f:
+            for n, line in enumerate(f):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise DatasetError(f"{uri}: row {n}: not JSON ({exc.msg})") from None
+        return rows
+    raise DatasetError(f"{uri}: unknown format (expected .parquet or .jsonl)")
+
+
+def _answer(row: dict):
+    if row.get("answer") is not None:
+        return row["answer"]
+    rm = row.get("reward_model")
+    if isinstance(rm, dict) and rm.get("ground_truth") is not None:
+        return rm["ground_truth"]
+    return None
+
+
+def _id(row: dict, n: int):
+    if row.get("id") is not None:
+        return row["id"]
+    extra = row.get("extra_info")
+    if isinstance(extra, dict) and extra.get("index") is not None:
+        return extra["index"]
+    return None
+
+
+def load_problems(uri: str, group_field: str = "difficulty") -> list[Problem]:
+    """Problems of a dataset file, validated row by row."""
+    rows = read_rows(uri)
+    problems, seen = [], set()
+    for n, row in enumerate(rows):
+        where = f"{uri}: row {n}"
+        pid, answer, prompt = _id(row, n), _answer(row), row.get("prompt")
+        if pid is None:
+            raise DatasetError(f"{where}: missing column 'id' (or extra_info.index)")
+        if answer is None:
+            raise DatasetError(f"{where}: missing column 'answer' (or reward_model.ground_truth)")
+        if prompt is None:
+            raise DatasetError(f"{where}: missing column 'prompt'")
+        chat = isinstance(prompt, list)
+        if chat:
+            if not prompt or not all(isinstance(m, dict) and m.get("content") for m in prompt):
+                raise DatasetError(f"{where}: empty prompt")
+            prompt = json.dumps([{"role": m.get("role", "user"), "content": m["content"]} for m in prompt])
+        elif not str(prompt).strip():
+            raise DatasetError(f"{where}: empty prompt")
+        pid = str(pid)
+        if pid in seen:
+            raise DatasetError(f"{where}: duplicate id {pid!r}")
+        seen.add(pid)
+        group = row.get(group_field)
+        difficulty = group if isinstance(group, int) else 0
+        problems.append(Problem(pid, str(prompt), str(answer), difficulty, "" if group is None else str(group), chat))
+    if not problems:
+        raise DatasetError(f"{uri}: no rows")
+    return problems

@@ -1,0 +1,61 @@
+import json
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from prl.tasks.datasets import DatasetError, load_problems
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_jsonl_plain(tmp_path):
+    uri = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "1+1=", "answer": "2", "difficulty": 1},
+                                             {"id": "b", "prompt": "9+9=", "answer": "81", "difficulty": 2}])
+    problems = load_problems(uri)
+    assert [(p.id, p.prompt, p.answer, p.group_key) for p in problems] == [("a", "1+1=", "2", "1"), ("b", "9+9=", "81", "2")]
+
+
+def test_verl_style_parquet_through_fsspec():
+    table = pa.Table.from_pylist([
+        {"prompt": [{"role": "user", "content": "What is 2+2?"}], "reward_model": {"ground_truth": "4", "style": "rule"},
+         "data_source": "gsm8k", "extra_info": {"index": 7}},
+    ])
+    with fsspec.open("memory://ds/train.parquet", "wb") as f:
+        pq.write_table(table, f)
+    (p,) = load_problems("memory://ds/train.parquet", group_field="data_source")
+    assert p.id == "7" and p.answer == "4" and p.group_key == "gsm8k" and p.chat
+    assert json.loads(p.prompt) == [{"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([{"id": "a", "prompt": "x", "answer": "1"}, {"id": "b", "prompt": "y"}], "row 1: missing column 'answer' (or reward_model.ground_truth)"),
+    ([{"id": "a", "prompt": "x", "answer": "1"}, {"id": "a", "prompt": "y", "answer": "2"}], "row 1: duplicate id 'a'"),
+    ([{"id": "a", "prompt": "  ", "answer": "1"}], "row 0: empty prompt"),
+    ([{"prompt": "x", "answer": "1"}], "row 0: missing column 'id' (or extra_info.index)"),
+])
+def test_bad_rows_name_file_and_row(tmp_path, rows, message):
+    uri = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(DatasetError) as exc:
+        load_problems(uri)
+    assert str(exc.value) == f"{uri}: {message}"
+
+
+def test_scheduler_runs_on_a_dataset(tmp_path):
+    from prl.transport.memory import MemoryTransport
+    from scheduler.service import Scheduler
+    from schemas.config import load_config
+
+    uri = write_jsonl(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": f"{i}+1=", "answer": str(i + 1)[::-1],
+                                              "difficulty": i % 2} for i in range(10)])
+    cfg = load_config(overrides=["task.name='dataset'", f"task.train_path='{uri}'", "scheduler.groups_per_batch=2",
+                                 "scheduler.max_in_flight=4", f"run.run_dir='{tmp_path}'"])
+    transport = MemoryTransport()
+    transport.ensure_topics(cfg.run.name)
+    s = Scheduler(cfg, transport)
+    s.step()
+    assert len(s.in_flight) == 4 and s.group_names == ["0", "1"]
