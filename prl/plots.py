@@ -35,3 +35,28 @@ def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accura
     plt.close(fig)
     with fsspec.open(out_uri, "wb") as f:
         f.write(buf.getvalue())
+
+
+def priority_histogram(priorities, success_rates, out_uri: str, title: str = "scheduler") -> None:
+    """Two panels: the distribution of problem priority p(1-p), and of observed success rates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
+    a.hist(priorities, bins=40, range=(0, 0.25), color="tab:blue")
+    a.set_xlabel("priority p(1-p)")
+    a.set_ylabel("problems")
+    a.set_yscale("log")
+    tested = success_rates[~np.isnan(success_rates)]
+    b.hist(tested, bins=20, range=(0, 1), color="tab:green")
+    b.set_xlabel(f"observed success rate ({len(tested):,} tested problems)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    with fsspec.open(out_uri, "wb") as f:
+        f.write(buf.getvalue())

@@ -267,29 +267,38 @@ class PrioritySampler:
             return np.where(self._attempts_np > 0, self._successes_np / self._attempts_np, np.nan)
 
     def state_dict(self) -> dict:
-        """JSON-able state (lists and numbers only; no pickle)."""
+        """State as numpy arrays and JSON-able values (no pickle): arrays go to
+        safetensors, the rest to JSON (scheduler/snapshot.py)."""
+        heap = np.array(self.heap, dtype=np.float64).reshape(-1, 3)
         return {
-            "arrays": {name: getattr(self, name).tolist() for name in self.ARRAYS},
-            "groups": [self.group_successes.tolist(), self.group_attempts.tolist()],
-            "unseen_order": [o.tolist() for o in self.unseen_order],
+            "arrays": {name: getattr(self, f"_{name}_np").copy() for name in self.ARRAYS},
+            "group_successes": self.group_successes.copy(),
+            "group_attempts": self.group_attempts.copy(),
+            "unseen_order": {str(g): np.asarray(o, dtype=np.int32) for g, o in enumerate(self.unseen_order)},
             "unseen_pos": list(self.unseen_pos),
-            "heap": [list(e) for e in self.heap],
-            "pools": {str(k): list(v) for k, v in self.pools.items()},
-            "retest_queue": list(self.retest_queue),
+            "heap_keys": heap[:, 0].copy(),
+            "heap_stamps": heap[:, 1].astype(np.int64),
+            "heap_problems": heap[:, 2].astype(np.int64),
+            "solved_pool": np.asarray(self.pools[SOLVED], dtype=np.int64),
+            "unsolved_pool": np.asarray(self.pools[UNSOLVED], dtype=np.int64),
+            "retest_queue": np.asarray(self.retest_queue, dtype=np.int64),
             "rng": self.rng.bit_generator.state,
             "counters": [self.version, self.last_retest_version, self.dispatched, self.retests_dispatched],
         }
 
     def load_state_dict(self, st: dict) -> None:
         for name in self.ARRAYS:
-            getattr(self, f"_{name}_np")[:] = st["arrays"][name]
-        successes, attempts = st["groups"]
-        self.group_successes, self.group_attempts = np.array(successes), np.array(attempts)
-        self.unseen_order = [array("i", o) for o in st["unseen_order"]]
+            getattr(self, f"_{name}_np")[:] = np.asarray(st["arrays"][name])
+        self.group_successes = np.asarray(st["group_successes"], dtype=np.float64).copy()
+        self.group_attempts = np.asarray(st["group_attempts"], dtype=np.float64).copy()
+        self.unseen_order = [array("i", np.asarray(st["unseen_order"][str(g)], dtype=np.int32).tobytes())
+                             for g in range(self.num_groups)]
         self.unseen_pos = list(st["unseen_pos"])
-        self.heap = [tuple(e) for e in st["heap"]]
+        self.heap = list(zip(np.asarray(st["heap_keys"]).tolist(), np.asarray(st["heap_stamps"]).tolist(),
+                             np.asarray(st["heap_problems"]).tolist()))
         heapq.heapify(self.heap)
-        self.pools = {int(k): deque(v) for k, v in st["pools"].items()}
-        self.retest_queue = deque(st["retest_queue"])
+        self.pools = {SOLVED: deque(np.asarray(st["solved_pool"]).tolist()),
+                      UNSOLVED: deque(np.asarray(st["unsolved_pool"]).tolist())}
+        self.retest_queue = deque(np.asarray(st["retest_queue"]).tolist())
         self.rng.bit_generator.state = st["rng"]
         self.version, self.last_retest_version, self.dispatched, self.retests_dispatched = st["counters"]

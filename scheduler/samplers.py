@@ -43,7 +43,7 @@ class UniformSampler:
         pass
 
     def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "attempts": self.attempts.tolist(), "successes": self.successes.tolist()}
+        return {"rng": self.rng.bit_generator.state, "attempts": self.attempts.copy(), "successes": self.successes.copy()}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = state["rng"]
@@ -53,6 +53,14 @@ class UniformSampler:
     def metrics(self) -> dict:
         seen = self.attempts > 0
         return {"problems_seen": int(seen.sum())}
+
+    def priorities(self):
+        p = (self.successes + 1) / (self.attempts + 2)
+        return p * (1 - p)
+
+    def success_rates(self):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.attempts > 0, self.successes / np.maximum(self.attempts, 1), np.nan)
 
 
 def make_sampler(cfg, groups, seed: int):

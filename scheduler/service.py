@@ -16,11 +16,15 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+
+from prl.plots import priority_histogram
 from prl.service import Service
 from prl.tasks import train_problems
 from scheduler.advantages import has_signal
 from scheduler.batches import compose_batch
 from scheduler.samplers import make_sampler
+from scheduler.snapshot import read_snapshot, write_snapshot
 from schemas import Dispatch, PolicyVersion, RolloutGroup, Sampling, encode, headers
 from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
@@ -56,6 +60,8 @@ class Scheduler(Service):
         self.rollouts_generated = 0
         self.groups_returned = 0
         self.groups_with_signal = 0
+        self.started_at = time.time()
+        self.restore()
         self.rollouts = transport.subscriber([self.topic(ROLLOUTS)], group=f"{cfg.run.name}.scheduler")
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
 
@@ -87,8 +93,8 @@ class Scheduler(Service):
                     outcomes.append((problem, sum(r > 0 for r in group.rewards), len(group.rewards)))
         if outcomes:
             self.sampler.observe_many(*zip(*outcomes), self.learner_version)
-        if msgs:
-            self.rollouts.commit()
+        if msgs and not self.cfg.scheduler.snapshot_every:
+            self.rollouts.commit()  # with snapshots, offsets are committed with each snapshot
 
     def accept(self, group: RolloutGroup) -> int | None:
         """Take a result in; return its problem index, or None for a duplicate or unknown one."""
@@ -132,6 +138,9 @@ class Scheduler(Service):
             self.publisher.flush()
             self.next_seq += 1
             self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
+            every = self.cfg.scheduler.snapshot_every
+            if every and self.next_seq % every == 0:
+                self.snapshot()
 
     def batches_ahead(self) -> int:
         return self.next_seq - (self.learner_last_seq + 1)
@@ -155,8 +164,50 @@ class Scheduler(Service):
         self.publisher.publish(self.topic(PROBLEMS), encode(d), key=p.id.encode(), headers=headers(d))
         self.count("dispatched")
 
-    def batch_metrics(self, batch) -> dict:
+    # -- state ----------------------------------------------------------------------
+    SCALARS = ("learner_version", "learner_last_seq", "next_seq", "rollouts_generated", "groups_returned",
+               "groups_with_signal", "counters")
+
+    def state_dict(self) -> dict:
         return {
+            **{name: getattr(self, name) for name in self.SCALARS},
+            "in_flight": {did: [f.problem, f.issued_at, f.attempt] for did, f in self.in_flight.items()},
+            "answered": list(self.answered)[-10_000:],
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict, fresh: list[RolloutGroup]) -> None:
+        for name in self.SCALARS:
+            setattr(self, name, state[name])
+        self.in_flight = {did: InFlight(*v) for did, v in state["in_flight"].items()}
+        self.answered = OrderedDict.fromkeys(state["answered"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.fresh = fresh
+
+    def snapshot(self) -> None:
+        """Write the state, then commit the rollout offsets it covers."""
+        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh)
+        self.rollouts.commit()
+        priority_histogram(self.sampler.priorities(), self.sampler.success_rates(),
+                           self.cfg.run.run_dir.rstrip("/") + "/priority_histogram.png",
+                           f"scheduler at batch {self.next_seq} ({self.cfg.scheduler.strategy})")
+        self.log.info("snapshot_written", uri=uri, seq=self.next_seq, in_flight=len(self.in_flight))
+
+    def restore(self) -> None:
+        snap = read_snapshot(self.cfg.run.run_dir)
+        if snap is not None:
+            self.load_state_dict(*snap)
+            self.log.info("snapshot_restored", seq=self.next_seq, in_flight=len(self.in_flight), fresh=len(self.fresh))
+
+    def batch_metrics(self, batch) -> dict:
+        rates = self.sampler.success_rates()
+        tested = rates[~np.isnan(rates)]
+        quantiles = np.quantile(tested, [0.1, 0.5, 0.9]).tolist() if len(tested) else [float("nan")] * 3
+        return {
+            "success_rate_p10": quantiles[0],
+            "success_rate_p50": quantiles[1],
+            "success_rate_p90": quantiles[2],
+            "dispatch_rate": self.counters.get("dispatched", 0) / max(1e-9, time.time() - self.started_at),
             "rollouts_generated": self.rollouts_generated,
             "groups_returned": self.groups_returned,
             "signal_share": self.groups_with_signal / max(1, self.groups_returned),

@@ -98,6 +98,7 @@ class SchedulerConfig(Section):
     filter_zero_variance: bool | None = Field(None, description="Drop groups whose rewards are all equal; unset: off for uniform, on otherwise.")
     tau_max: int = Field(10, ge=0, description="Rollouts more than tau_max policy versions old are never trained on.")
     max_batches_ahead: int = Field(2, ge=1, description="Batches published but not yet trained, at most.")
+    snapshot_every: int = Field(10, ge=0, description="Snapshot state to <run_dir>/scheduler every N batches (0: never).")
 
 
 class ProducerConfig(Section):

@@ -284,20 +284,39 @@ def _schema_with_meta(cls) -> pa.Schema:
     return cls.SCHEMA.with_metadata({"kind": cls.KIND, "schema_version": str(SCHEMA_VERSION)})
 
 
-def encode(record) -> bytes:
-    """Arrow IPC stream bytes of one record."""
-    schema = _schema_with_meta(type(record))
+def _row(record) -> dict:
     row = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
-    for name in ("sampling",):
-        if name in row:
-            row[name] = dataclasses.asdict(row[name])
+    if "sampling" in row:
+        row["sampling"] = dataclasses.asdict(row["sampling"])
     if "rollouts" in row:
         row["rollouts"] = [dataclasses.asdict(r) for r in row["rollouts"]]
-    batch = pa.RecordBatch.from_pylist([row], schema=schema)
+    return row
+
+
+def to_table(records: list, cls: type) -> pa.Table:
+    """Records of one kind as an Arrow table (one row each), schema metadata included."""
+    return pa.Table.from_pylist([_row(r) for r in records], schema=_schema_with_meta(cls))
+
+
+def encode(record) -> bytes:
+    """Arrow IPC stream bytes of one record."""
+    return encode_table(to_table([record], type(record)))
+
+
+def encode_table(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        writer.write_batch(batch)
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+def decode_many(data: bytes, expected: type) -> list:
+    """Every record of an IPC stream made by ``encode_table(to_table(records, expected))``."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DecodeError("not_arrow", str(exc)[:200]) from None
+    return [_from_row(expected, row) for row in table.to_pylist()]
 
 
 def headers(record) -> list[tuple[str, bytes]]:

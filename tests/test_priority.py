@@ -99,7 +99,10 @@ def test_snapshot_restore_gives_identical_future_dispatches(seq, seed):
 
     a = sampler(seed=seed, retest_interval=2)
     drive(a, seq, 0)
-    snapshot = json.loads(json.dumps(a.state_dict(), default=lambda x: x.tolist()))  # JSON-able, no pickle
+    from scheduler.snapshot import join_arrays, split_arrays
+
+    arrays, rest = split_arrays(a.state_dict())  # numpy arrays + JSON, the snapshot format
+    snapshot = join_arrays(json.loads(json.dumps(rest)), {k: v.copy() for k, v in arrays.items()})
     b = sampler(seed=seed + 1, retest_interval=2)
     b.load_state_dict(snapshot)
     assert drive(a, seq, len(seq)) == drive(b, seq, len(seq))

@@ -1,0 +1,73 @@
+"""Scheduler snapshots in object storage: what a restarted scheduler needs to continue.
+
+``<run_dir>/scheduler/snap-00000042/`` (42 = the next batch sequence number) holds
+``state.json`` (in-flight table, counters, the sampler's small state), ``arrays.safetensors``
+(the sampler's per-problem arrays) and ``fresh.arrow`` (accepted rollout groups not yet in a
+batch), then ``manifest.json``; ``latest`` is written last (prl/storage.py). The scheduler
+commits its rollout offsets right after a snapshot, so a restart resumes from the snapshot
+and re-reads exactly the results that arrived after it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from prl import storage
+from schemas import RolloutGroup
+from schemas.records import decode_many, encode_table, to_table
+
+
+def root(run_dir: str) -> str:
+    return run_dir.rstrip("/") + "/scheduler"
+
+
+def split_arrays(state: dict, prefix: str = "") -> tuple[dict, dict]:
+    """Separate numpy arrays (-> safetensors) from JSON-able values, recursively."""
+    arrays, rest = {}, {}
+    for key, value in state.items():
+        if isinstance(value, np.ndarray):
+            arrays[prefix + key] = np.ascontiguousarray(value)
+        elif isinstance(value, dict):
+            sub_arrays, sub_rest = split_arrays(value, f"{prefix}{key}.")
+            arrays.update(sub_arrays)
+            rest[key] = sub_rest
+        else:
+            rest[key] = value
+    return arrays, rest
+
+
+def join_arrays(rest: dict, arrays: dict, prefix: str = "") -> dict:
+    out = dict(rest)
+    for key, value in rest.items():
+        if isinstance(value, dict):
+            out[key] = join_arrays(value, arrays, f"{prefix}{key}.")
+    for name, arr in arrays.items():
+        if name.startswith(prefix) and "." not in name[len(prefix):]:
+            out[name[len(prefix):]] = arr
+    return out
+
+
+def write_snapshot(run_dir: str, seq: int, state: dict, fresh: list[RolloutGroup], keep: int = 2) -> str:
+    from safetensors.numpy import save
+
+    arrays, rest = split_arrays(state)
+    files = {
+        "state.json": json.dumps(rest).encode(),
+        "arrays.safetensors": save(arrays) if arrays else save({"_": np.zeros(1)}),
+        "fresh.arrow": encode_table(to_table(fresh, RolloutGroup)),
+    }
+    return storage.write_versioned(root(run_dir), f"snap-{seq:08d}", files, keep, meta={"seq": seq})
+
+
+def read_snapshot(run_dir: str) -> tuple[dict, list[RolloutGroup]] | None:
+    from safetensors.numpy import load
+
+    uri = storage.latest_uri(root(run_dir))
+    if uri is None:
+        return None
+    rest = json.loads(storage.read_verified(uri, "state.json"))
+    arrays = {k: v for k, v in load(storage.read_verified(uri, "arrays.safetensors")).items() if k != "_"}
+    fresh = decode_many(storage.read_verified(uri, "fresh.arrow"), RolloutGroup)
+    return join_arrays(rest, arrays), fresh
