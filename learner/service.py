@@ -94,6 +94,8 @@ class Learner(Service):
         ages = [self.version - r.policy_version for r in usable]
         self.version += 1
         self.last_seq = batch.seq
+        for a in sorted(set(ages)):
+            stats[f"age_hist/{a}"] = ages.count(a)
         stats.update(
             train_seconds=time.perf_counter() - t0,
             age_mean=sum(ages) / len(ages),

@@ -71,10 +71,28 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
     optimizer.step()
     model.eval()
     metrics = {"loss": loss.item(), "grad_norm": grad_norm.item(), **{k: v.item() for k, v in stats.items()}}
+    metrics.update(split_stats(logp.detach(), batch, cfg))
     metrics["tokens"] = int(batch.mask.sum().item())
     metrics["rollouts"] = len(rollouts)
     metrics["replay_share"] = float(batch.is_replay.float().mean().item())
     return metrics
+
+
+def split_stats(logp: torch.Tensor, batch: PackedBatch, cfg) -> dict[str, float]:
+    """Ratio statistics of fresh and replayed rollouts separately (``fresh/...``, ``replay/...``)."""
+    from learner.grpo import token_mean
+
+    out = {}
+    ratio = torch.exp(logp - batch.behaviour_logp)
+    adv = batch.advantage.unsqueeze(-1).expand_as(ratio)
+    clipped = ((ratio < 1 - cfg.clip_low) & (adv < 0)) | ((ratio > 1 + cfg.clip_high) & (adv > 0))
+    for name, rows in (("fresh", ~batch.is_replay), ("replay", batch.is_replay)):
+        mask = batch.mask * rows.unsqueeze(-1)
+        if mask.sum() > 0:
+            out[f"{name}/ratio_mean"] = token_mean(ratio, mask).item()
+            out[f"{name}/clip_fraction"] = token_mean(clipped.float(), mask).item()
+            out[f"{name}/approx_kl"] = token_mean((ratio - 1) - (logp - batch.behaviour_logp), mask).item()
+    return out
 
 
 def make_optimizer(model, cfg) -> torch.optim.Optimizer:

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-BENCHMARKS = ("scheduler", "strategies")
+BENCHMARKS = ("scheduler", "strategies", "replay")
 
 
 def load(args) -> "Config":  # noqa: F821

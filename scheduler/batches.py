@@ -1,11 +1,20 @@
-"""Composing a TrainBatch from accepted rollout groups (fresh rollouts only, for now)."""
+"""Composing fresh-anchored TrainBatches (arXiv 2606.04560).
+
+A batch is every fresh rollout first (accepted groups within tau_max, up to the token
+budget), then ``round(replay_ratio * |fresh|)`` rollouts drawn separately from the replay
+buffer, after evicting whatever is older than tau_max. No replay during the first
+``warmup_updates`` learner versions. Fresh rollouts enter the buffer only after the draw,
+so no rollout appears twice in one batch.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 
 from scheduler.advantages import group_advantages
+from scheduler.replay import BANDS, ReplayBuffer, success_band
 from schemas import RolloutGroup, TrainBatch, TrainRollout
 
 
@@ -25,11 +34,59 @@ def train_rollouts(group: RolloutGroup) -> list[TrainRollout]:
     ]
 
 
-def compose_batch(groups: list[RolloutGroup], seq: int, learner_version: int, tau_max: int, rollouts_generated: int):
-    """(batch or None, groups dropped as stale): every rollout of every group within tau_max."""
-    fresh = [g for g in groups if age(learner_version, g.policy_version) <= tau_max]
-    rollouts = [r for g in fresh for r in train_rollouts(g)]
-    if not rollouts:
-        return None, len(groups) - len(fresh)
-    batch = TrainBatch(uuid.uuid4().hex, seq, learner_version, rollouts_generated, rollouts, time.time())
-    return batch, len(groups) - len(fresh)
+def group_tokens(group: RolloutGroup) -> int:
+    return sum(len(group.prompt_ids) + len(r.completion_ids) for r in group.rollouts)
+
+
+@dataclass
+class Composition:
+    batch: TrainBatch | None
+    leftover: list[RolloutGroup]  # fresh groups that did not fit the token budget: next batch
+    stale_by_band: dict[str, int] = field(default_factory=dict)
+    replay_drawn: int = 0
+
+
+def compose_batch(
+    groups: list[RolloutGroup],
+    *,
+    seq: int,
+    learner_version: int,
+    rollouts_generated: int,
+    tau_max: int,
+    max_tokens: int,
+    buffer: ReplayBuffer | None = None,
+    replay_ratio: float = 0.0,
+    warmup_updates: int = 0,
+) -> Composition:
+    stale = {name: 0 for name in BANDS}
+    fresh_groups = []
+    for g in groups:
+        if age(learner_version, g.policy_version) > tau_max:
+            stale[BANDS[success_band(sum(g.rewards) / len(g.rewards))]] += 1
+        else:
+            fresh_groups.append(g)
+    kept, tokens = [], 0
+    for i, g in enumerate(fresh_groups):
+        t = group_tokens(g)
+        if kept and tokens + t > max_tokens:
+            leftover = fresh_groups[i:]
+            break
+        kept.append(g)
+        tokens += t
+    else:
+        leftover = []
+    fresh = [r for g in kept for r in train_rollouts(g)]
+    replay: list[TrainRollout] = []
+    if buffer is not None:
+        buffer.evict_stale(learner_version, tau_max)
+        if learner_version >= warmup_updates and fresh:
+            for r in buffer.draw(round(replay_ratio * len(fresh))):
+                if tokens + r.num_tokens > max_tokens:
+                    break
+                replay.append(r)
+                tokens += r.num_tokens
+        buffer.insert(fresh, [success_band(sum(g.rewards) / len(g.rewards)) for g in kept for _ in g.rollouts])
+    if not fresh:
+        return Composition(None, leftover, stale)
+    batch = TrainBatch(uuid.uuid4().hex, seq, learner_version, rollouts_generated, fresh + replay, time.time())
+    return Composition(batch, leftover, stale, len(replay))

@@ -23,6 +23,7 @@ from prl.service import Service
 from prl.tasks import train_problems
 from scheduler.advantages import has_signal
 from scheduler.batches import compose_batch
+from scheduler.replay import ReplayBuffer
 from scheduler.samplers import make_sampler
 from scheduler.snapshot import read_snapshot, write_snapshot
 from schemas import Dispatch, PolicyVersion, RolloutGroup, Sampling, encode, headers
@@ -54,6 +55,8 @@ class Scheduler(Service):
         self.in_flight: dict[str, InFlight] = {}
         self.answered: OrderedDict[str, None] = OrderedDict()
         self.fresh: list[RolloutGroup] = []
+        r = cfg.scheduler.replay
+        self.replay = ReplayBuffer(r.capacity, r.alpha, r.eps, cfg.run.seed) if r.enabled else None
         self.learner_version = 0
         self.learner_last_seq = -1
         self.next_seq = 0
@@ -129,9 +132,17 @@ class Scheduler(Service):
     def publish_batches(self) -> None:
         cfg = self.cfg.scheduler
         while len(self.fresh) >= cfg.groups_per_batch and self.batches_ahead() < cfg.max_batches_ahead:
-            groups, self.fresh = self.fresh[: cfg.groups_per_batch], self.fresh[cfg.groups_per_batch :]
-            batch, stale = compose_batch(groups, self.next_seq, self.learner_version, cfg.tau_max, self.rollouts_generated)
-            self.count("stale_groups_dropped", stale)
+            groups, rest = self.fresh[: cfg.groups_per_batch], self.fresh[cfg.groups_per_batch :]
+            comp = compose_batch(
+                groups, seq=self.next_seq, learner_version=self.learner_version, rollouts_generated=self.rollouts_generated,
+                tau_max=cfg.tau_max, max_tokens=cfg.max_batch_tokens, buffer=self.replay,
+                replay_ratio=cfg.replay.ratio, warmup_updates=cfg.replay.warmup_updates,
+            )
+            self.fresh = comp.leftover + rest
+            for band, n in comp.stale_by_band.items():
+                if n:
+                    self.count(f"stale_groups_dropped/{band}", n)
+            batch = comp.batch
             if batch is None:
                 continue
             self.publisher.publish(self.topic(BATCHES), encode(batch), headers=headers(batch))
@@ -212,6 +223,8 @@ class Scheduler(Service):
             "groups_returned": self.groups_returned,
             "signal_share": self.groups_with_signal / max(1, self.groups_returned),
             "batch_rollouts": len(batch.rollouts),
+            "batch_replayed": sum(r.is_replay for r in batch.rollouts),
+            **({f"replay/{k}": v for k, v in self.replay.metrics(self.learner_version).items()} if self.replay else {}),
             "in_flight": len(self.in_flight),
             **self.counters,
             **self.sampler.metrics(),

@@ -88,10 +88,23 @@ class PriorityConfig(Section):
     retest_share: float = Field(0.1, gt=0, le=1, description="Share of each pool dispatched again per retest round (longest-untested first).")
 
 
+class ReplayConfig(Section):
+    """Rollout-level advantage-prioritized replay (scheduler/replay.py); defaults as reported."""
+
+    enabled: bool = Field(True, description="Add replayed rollouts to every batch after the warm-up.")
+    ratio: float = Field(0.5, ge=0, le=4, description="Replayed rollouts per fresh rollout in a batch (r).")
+    alpha: float = Field(0.5, ge=0, description="Draw probability proportional to (|A| + eps)^alpha.")
+    eps: float = Field(1e-6, gt=0, description="Priority floor added to |A|.")
+    warmup_updates: int = Field(20, ge=0, description="No replay before this learner version.")
+    capacity: int = Field(30_000, ge=1, description="Buffer size; the oldest rollout is overwritten when full.")
+
+
 class SchedulerConfig(Section):
     strategy: Literal["uniform", "dapo_filter", "success_variance"] = Field(
         "success_variance", description="uniform; dapo_filter (uniform, zero-signal groups not trained on); success_variance (p(1-p) priority).")
     priority: PriorityConfig = PriorityConfig()
+    replay: ReplayConfig = ReplayConfig()
+    max_batch_tokens: int = Field(200_000, ge=1, description="Token budget of one TrainBatch (keeps a message under the broker limit).")
     groups_per_batch: int = Field(16, ge=1, description="Rollout groups (before filtering) that make one training batch.")
     max_in_flight: int = Field(32, ge=1, description="Dispatched groups not yet answered, at most.")
     dispatch_timeout_s: float = Field(120.0, gt=0, description="An unanswered dispatch is issued again after this long.")

@@ -1,0 +1,106 @@
+"""Rollout-level advantage-prioritized replay (arXiv 2606.04560).
+
+A ring buffer of individual rollouts, each with its advantage and behaviour log-probs
+frozen at insertion. Per-slot metadata lives in numpy arrays so every operation is
+vectorised (no per-draw Python loop over the buffer):
+
+- priority p_i = |A_i| + eps; a draw takes k rollouts without replacement with
+  probability proportional to p_i^alpha (Gumbel top-k: keys alpha log p_i + Gumbel);
+  drawn rollouts stay in the buffer;
+- ``evict_stale(version, tau_max)`` drops every rollout whose age (learner version minus
+  rollout version) exceeds tau_max; the scheduler calls it before every draw;
+- capacity is a FIFO backstop: inserting into a full buffer overwrites the oldest slot.
+
+Every eviction is counted per band of the rollout's group success rate, so starvation of
+slow, hard problems shows in the metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from schemas import TrainRollout
+
+BANDS = ("0-25%", "25-50%", "50-75%", "75-100%")
+
+
+def success_band(group_mean_reward: float) -> int:
+    """Index into BANDS of a group's success rate."""
+    return min(3, max(0, int(group_mean_reward * 4)))
+
+
+class ReplayBuffer:
+    def __init__(self, capacity: int = 30_000, alpha: float = 0.5, eps: float = 1e-6, seed: int = 0):
+        self.capacity, self.alpha, self.eps = capacity, alpha, eps
+        self.rng = np.random.default_rng(seed)
+        self.items: list[TrainRollout | None] = [None] * capacity
+        self.version = np.zeros(capacity, dtype=np.int64)
+        self.log_priority = np.zeros(capacity, dtype=np.float64)  # alpha * log(|A| + eps)
+        self.band = np.zeros(capacity, dtype=np.int8)
+        self.alive = np.zeros(capacity, dtype=bool)
+        self.head = 0
+        self.evicted_stale = np.zeros(len(BANDS), dtype=np.int64)
+        self.evicted_capacity = np.zeros(len(BANDS), dtype=np.int64)
+        self.times_drawn = np.zeros(capacity, dtype=np.int32)
+        self.evicted_never_drawn = 0
+
+    def __len__(self) -> int:
+        return int(self.alive.sum())
+
+    def insert(self, rollouts: list[TrainRollout], bands: list[int]) -> None:
+        """Add rollouts (their advantages already frozen); full: overwrite the oldest."""
+        n = len(rollouts)
+        if n == 0:
+            return
+        slots = (self.head + np.arange(n)) % self.capacity
+        overwritten = slots[self.alive[slots]]
+        np.add.at(self.evicted_capacity, self.band[overwritten], 1)
+        self.evicted_never_drawn += int((self.times_drawn[overwritten] == 0).sum())
+        for slot, r in zip(slots.tolist(), rollouts):
+            self.items[slot] = r
+        self.version[slots] = [r.policy_version for r in rollouts]
+        self.log_priority[slots] = self.alpha * np.log(np.abs([r.advantage for r in rollouts]) + self.eps)
+        self.band[slots] = bands
+        self.alive[slots] = True
+        self.times_drawn[slots] = 0
+        self.head = int((self.head + n) % self.capacity)
+
+    def evict_stale(self, learner_version: int, tau_max: int) -> int:
+        """Drop rollouts more than tau_max versions behind the learner; return how many."""
+        stale = self.alive & (learner_version - self.version > tau_max)
+        count = int(stale.sum())
+        if count:
+            np.add.at(self.evicted_stale, self.band[stale], 1)
+            self.evicted_never_drawn += int((self.times_drawn[stale] == 0).sum())
+            self.alive[stale] = False
+            self.items_clear(np.flatnonzero(stale))
+        return count
+
+    def items_clear(self, slots: np.ndarray) -> None:
+        for s in slots.tolist():
+            self.items[s] = None
+
+    def draw(self, k: int) -> list[TrainRollout]:
+        """Up to k distinct live rollouts, P proportional to priority^alpha, marked is_replay."""
+        live = np.flatnonzero(self.alive)
+        k = min(k, len(live))
+        if k <= 0:
+            return []
+        keys = self.log_priority[live] + self.rng.gumbel(size=len(live))
+        top = live[np.argpartition(-keys, k - 1)[:k]] if k < len(live) else live
+        self.times_drawn[top] += 1
+        return [dataclasses.replace(self.items[s], is_replay=True) for s in top.tolist()]
+
+    def ages(self, learner_version: int) -> np.ndarray:
+        return learner_version - self.version[self.alive]
+
+    def metrics(self, learner_version: int) -> dict:
+        ages = self.ages(learner_version)
+        out = {"size": len(ages), "age_mean": float(ages.mean()) if len(ages) else 0.0,
+               "evicted_never_drawn": self.evicted_never_drawn}
+        for i, name in enumerate(BANDS):
+            out[f"evicted_stale/{name}"] = int(self.evicted_stale[i])
+            out[f"evicted_capacity/{name}"] = int(self.evicted_capacity[i])
+        return out
