@@ -96,6 +96,26 @@ class ReplayBuffer:
     def ages(self, learner_version: int) -> np.ndarray:
         return learner_version - self.version[self.alive]
 
+    def state_dict(self) -> tuple[dict, list[TrainRollout]]:
+        """(arrays and counters, live rollouts oldest first) for a snapshot."""
+        order = (self.head + np.arange(self.capacity)) % self.capacity
+        live = order[self.alive[order]]
+        arrays = {"band": self.band[live].copy(), "times_drawn": self.times_drawn[live].copy(),
+                  "evicted_stale": self.evicted_stale.copy(), "evicted_capacity": self.evicted_capacity.copy()}
+        return {"arrays": arrays, "evicted_never_drawn": self.evicted_never_drawn,
+                "rng": self.rng.bit_generator.state}, [self.items[s] for s in live.tolist()]
+
+    def load_state_dict(self, state: dict, rollouts: list[TrainRollout]) -> None:
+        arrays = state["arrays"]
+        self.alive[:] = False
+        self.head = 0
+        self.insert(rollouts, list(np.asarray(arrays["band"])))
+        self.times_drawn[: len(rollouts)] = np.asarray(arrays["times_drawn"])
+        self.evicted_stale[:] = arrays["evicted_stale"]
+        self.evicted_capacity[:] = arrays["evicted_capacity"]
+        self.evicted_never_drawn = state["evicted_never_drawn"]
+        self.rng.bit_generator.state = state["rng"]
+
     def metrics(self, learner_version: int) -> dict:
         ages = self.ages(learner_version)
         out = {"size": len(ages), "age_mean": float(ages.mean()) if len(ages) else 0.0,

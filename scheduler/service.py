@@ -180,24 +180,29 @@ class Scheduler(Service):
                "groups_with_signal", "counters")
 
     def state_dict(self) -> dict:
+        replay_state = self.replay.state_dict()[0] if self.replay else None
         return {
             **{name: getattr(self, name) for name in self.SCALARS},
             "in_flight": {did: [f.problem, f.issued_at, f.attempt] for did, f in self.in_flight.items()},
             "answered": list(self.answered)[-10_000:],
             "sampler": self.sampler.state_dict(),
+            "replay": replay_state,
         }
 
-    def load_state_dict(self, state: dict, fresh: list[RolloutGroup]) -> None:
+    def load_state_dict(self, state: dict, fresh: list[RolloutGroup], replay: list) -> None:
         for name in self.SCALARS:
             setattr(self, name, state[name])
         self.in_flight = {did: InFlight(*v) for did, v in state["in_flight"].items()}
         self.answered = OrderedDict.fromkeys(state["answered"])
         self.sampler.load_state_dict(state["sampler"])
         self.fresh = fresh
+        if self.replay is not None and state.get("replay"):
+            self.replay.load_state_dict(state["replay"], replay)
 
     def snapshot(self) -> None:
         """Write the state, then commit the rollout offsets it covers."""
-        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh)
+        replay = self.replay.state_dict()[1] if self.replay else []
+        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay)
         self.rollouts.commit()
         priority_histogram(self.sampler.priorities(), self.sampler.success_rates(),
                            self.cfg.run.run_dir.rstrip("/") + "/priority_histogram.png",

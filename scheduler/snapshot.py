@@ -2,8 +2,9 @@
 
 ``<run_dir>/scheduler/snap-00000042/`` (42 = the next batch sequence number) holds
 ``state.json`` (in-flight table, counters, the sampler's small state), ``arrays.safetensors``
-(the sampler's per-problem arrays) and ``fresh.arrow`` (accepted rollout groups not yet in a
-batch), then ``manifest.json``; ``latest`` is written last (prl/storage.py). The scheduler
+(the sampler's per-problem arrays), ``fresh.arrow`` (accepted rollout groups not yet in a
+batch) and ``replay.arrow`` (the replay buffer's rollouts, as one TrainBatch record), then
+``manifest.json``; ``latest`` is written last (prl/storage.py). The scheduler
 commits its rollout offsets right after a snapshot, so a restart resumes from the snapshot
 and re-reads exactly the results that arrived after it.
 """
@@ -15,7 +16,7 @@ import json
 import numpy as np
 
 from prl import storage
-from schemas import RolloutGroup
+from schemas import RolloutGroup, TrainBatch, TrainRollout, decode, encode
 from schemas.records import decode_many, encode_table, to_table
 
 
@@ -49,7 +50,8 @@ def join_arrays(rest: dict, arrays: dict, prefix: str = "") -> dict:
     return out
 
 
-def write_snapshot(run_dir: str, seq: int, state: dict, fresh: list[RolloutGroup], keep: int = 2) -> str:
+def write_snapshot(run_dir: str, seq: int, state: dict, fresh: list[RolloutGroup], replay: list[TrainRollout],
+                   keep: int = 2) -> str:
     from safetensors.numpy import save
 
     arrays, rest = split_arrays(state)
@@ -57,11 +59,12 @@ def write_snapshot(run_dir: str, seq: int, state: dict, fresh: list[RolloutGroup
         "state.json": json.dumps(rest).encode(),
         "arrays.safetensors": save(arrays) if arrays else save({"_": np.zeros(1)}),
         "fresh.arrow": encode_table(to_table(fresh, RolloutGroup)),
+        "replay.arrow": encode(TrainBatch("replay-buffer", seq, 0, 0, replay)),
     }
     return storage.write_versioned(root(run_dir), f"snap-{seq:08d}", files, keep, meta={"seq": seq})
 
 
-def read_snapshot(run_dir: str) -> tuple[dict, list[RolloutGroup]] | None:
+def read_snapshot(run_dir: str) -> tuple[dict, list[RolloutGroup], list[TrainRollout]] | None:
     from safetensors.numpy import load
 
     uri = storage.latest_uri(root(run_dir))
@@ -70,4 +73,5 @@ def read_snapshot(run_dir: str) -> tuple[dict, list[RolloutGroup]] | None:
     rest = json.loads(storage.read_verified(uri, "state.json"))
     arrays = {k: v for k, v in load(storage.read_verified(uri, "arrays.safetensors")).items() if k != "_"}
     fresh = decode_many(storage.read_verified(uri, "fresh.arrow"), RolloutGroup)
-    return join_arrays(rest, arrays), fresh
+    replay = decode(storage.read_verified(uri, "replay.arrow"), TrainBatch).rollouts
+    return join_arrays(rest, arrays), fresh, replay

@@ -87,7 +87,8 @@ def test_scheduler_snapshot_restores_state(tmp_path):
     from producers.service import Producer
     from scheduler.service import Scheduler
 
-    cfg = small_config(tmp_path, **{"scheduler.snapshot_every": 1, "scheduler.max_batches_ahead": 2})
+    cfg = small_config(tmp_path, **{"scheduler.snapshot_every": 1, "scheduler.max_batches_ahead": 2,
+                                    "scheduler.replay.warmup_updates": 0})
     transport = MemoryTransport(MemoryBroker())
     transport.ensure_topics(cfg.run.name)
     scheduler, producer = Scheduler(cfg, transport), Producer(cfg, transport)
@@ -98,6 +99,7 @@ def test_scheduler_snapshot_restores_state(tmp_path):
         original()
         taken["state"] = json.loads(json.dumps(scheduler.state_dict(), default=lambda a: a.tolist()))
         taken["fresh"] = [g.dispatch_id for g in scheduler.fresh]
+        taken["replay"] = [r.rollout_id for r in scheduler.replay.state_dict()[1]]
 
     scheduler.snapshot = snapshot
 
@@ -111,4 +113,5 @@ def test_scheduler_snapshot_restores_state(tmp_path):
     got = json.loads(json.dumps(restarted.state_dict(), default=lambda a: a.tolist()))
     assert got == taken["state"]
     assert [g.dispatch_id for g in restarted.fresh] == taken["fresh"]
+    assert [r.rollout_id for r in restarted.replay.state_dict()[1]] == taken["replay"] != []
     assert restarted.next_seq == 2
