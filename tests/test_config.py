@@ -55,3 +55,13 @@ def test_cli_reports_bad_config_before_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "exit 2 False" in out.stdout
     assert "learner.lr" in out.stderr
+
+
+def test_readme_config_reference_is_current():
+    """README's configuration table is generated from the model (python -m prl.docs)."""
+    from pathlib import Path
+
+    from prl.docs import reference
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert reference() in readme, "README config reference is stale: run python -m prl.docs"

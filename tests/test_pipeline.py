@@ -115,3 +115,29 @@ def test_scheduler_snapshot_restores_state(tmp_path):
     assert [g.dispatch_id for g in restarted.fresh] == taken["fresh"]
     assert [r.rollout_id for r in restarted.replay.state_dict()[1]] == taken["replay"] != []
     assert restarted.next_seq == 2
+
+
+def test_scheduler_stays_at_most_max_batches_ahead(tmp_path):
+    """Flow control: with no learner consuming, the scheduler publishes max_batches_ahead
+    batches and then stops, and dispatches no more than the in-flight bound allows."""
+    from producers.service import Producer
+    from scheduler.service import Scheduler
+    from schemas.topics import BATCHES
+
+    cfg = small_config(tmp_path, **{"scheduler.max_batches_ahead": 2})
+    broker = MemoryBroker()
+    transport = MemoryTransport(broker)
+    transport.ensure_topics(cfg.run.name)
+    scheduler, producer = Scheduler(cfg, transport), Producer(cfg, transport)
+
+    def saturated():
+        producer.step()
+        scheduler.step()
+        return scheduler.next_seq == 2 and len(scheduler.fresh) + len(scheduler.in_flight) >= cfg.scheduler.max_in_flight
+
+    wait_until(saturated, 60, "the scheduler to fill its window")
+    for _ in range(5):
+        producer.step()
+        scheduler.step()
+    assert sum(broker.end_offsets(topic_name(cfg.run.name, BATCHES))) == 2
+    assert len(scheduler.in_flight) + len(scheduler.fresh) <= cfg.scheduler.max_in_flight
