@@ -128,6 +128,10 @@ class Learner(Service):
         self.last_eval = acc
         return acc
 
+    def gauges(self) -> dict:
+        return {**self.counters, "version": self.version, "last_batch_seq": self.last_seq,
+                "rollouts_generated": self.rollouts_generated}
+
     def close(self) -> None:
         self.batches.close()
         super().close()

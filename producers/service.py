@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from producers.backends import Request, make_backend
-from producers.rewards import load_reward, safe_reward
+from producers.rewards import RewardRunner, load_reward
 from prl.service import Service
 from schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup, encode, headers
 from schemas.topics import POLICY, PROBLEMS, ROLLOUTS
@@ -30,7 +30,7 @@ class Producer(Service):
 
             torch.set_num_threads(cfg.producer.threads)
         self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype)
-        self.reward_fn = load_reward(cfg.producer.reward)
+        self.reward = RewardRunner(load_reward(cfg.producer.reward), cfg.producer.reward_timeout_s)
         self.producer_id = cfg.producer.producer_id
         self.log = self.log.bind(producer_id=self.producer_id)
         self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
@@ -59,20 +59,38 @@ class Producer(Service):
             self.backend.load_weights(newest.checkpoint_uri, newest.version)
             self.log.info("weights_loaded", policy_version=newest.version, seconds=round(time.perf_counter() - t0, 3))
 
+    def prepare(self, d: Dispatch) -> list[int] | str:
+        """The prompt's token ids, or why this problem cannot be served."""
+        try:
+            prompt_ids = self.backend.encode(d.prompt, chat=d.chat)
+            self.backend.check(prompt_ids, d.sampling)
+            return prompt_ids
+        except Exception as exc:  # a bad problem must not stop the producer
+            return f"{type(exc).__name__}: {exc}"
+
     def rollout_groups(self, dispatches: list[Dispatch]) -> list[RolloutGroup]:
+        """One RolloutGroup per dispatch: every servable prompt in one engine call; an
+        unservable one answered with an error group (the scheduler retires the problem)."""
         t0 = time.perf_counter()
-        prompts = [self.backend.encode(d.prompt, chat=d.chat) for d in dispatches]
-        results = self.backend.generate([Request(p, d.group_size, d.sampling) for p, d in zip(prompts, dispatches)])
-        gen_s = (time.perf_counter() - t0) / len(dispatches)
+        prepared = [self.prepare(d) for d in dispatches]
         groups = []
-        for d, prompt_ids, completions in zip(dispatches, prompts, results):
+        for d, p in zip(dispatches, prepared):
+            if isinstance(p, str):
+                self.count("problem_errors")
+                self.log.error("problem_unservable", problem_id=d.problem_id, error=p)
+                groups.append(RolloutGroup(d.dispatch_id, d.problem_id, self.backend.version, self.producer_id, [],
+                                           d.sampling.temperature, [], created_at=time.time(), error=p))
+        ok = [(d, p) for d, p in zip(dispatches, prepared) if not isinstance(p, str)]
+        if not ok:
+            return groups
+        results = self.backend.generate([Request(p, d.group_size, d.sampling) for d, p in ok])
+        gen_s = (time.perf_counter() - t0) / len(ok)
+        for (d, prompt_ids), completions in zip(ok, results):
             t1 = time.perf_counter()
             rollouts = []
             for c in completions:
                 text = self.backend.decode(c.token_ids)
-                reward, ok = safe_reward(self.reward_fn, text, d.answer)
-                if not ok:
-                    self.count("reward_errors")
+                reward = self.reward(text, d.answer)
                 rollouts.append(Rollout(c.token_ids, c.logprobs, reward, c.finish_reason, text))
             groups.append(
                 RolloutGroup(
@@ -81,9 +99,15 @@ class Producer(Service):
                 )
             )
         self.count("groups_published", len(groups))
+        self.counters["reward_errors"] = self.reward.errors
+        self.counters["reward_timeouts"] = self.reward.timeouts
         return groups
 
+    def gauges(self) -> dict:
+        return {**self.counters, "policy_version": self.backend.version}
+
     def close(self) -> None:
+        self.reward.close()
         self.dispatches.close()
         self.policy.close()
         super().close()

@@ -32,7 +32,7 @@ from collections import deque
 
 import numpy as np
 
-HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED = 0, 1, 2, 3, 4
+HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
 
 
 def _typed(code: str, n: int, value=0) -> tuple[array, np.ndarray]:
@@ -177,6 +177,10 @@ class PrioritySampler:
         back = idx[(streak > -k) & (streak < k)]
         self._push_many(back)
 
+    def retire(self, i: int) -> None:
+        """Never choose problem i again (it cannot be served); it leaves heap and pools lazily."""
+        self.state[i] = RETIRED
+
     def release(self, i: int) -> None:
         """A dispatch abandoned without a result: the problem becomes choosable again."""
         if self.state[i] == IN_FLIGHT:
@@ -245,6 +249,7 @@ class PrioritySampler:
             "solved_pool": int((st == SOLVED).sum()),
             "unsolved_pool": int((st == UNSOLVED).sum()),
             "retest_queued": int((st == QUEUED).sum()),
+            "retired": int((st == RETIRED).sum()),
         }
 
     def metrics(self) -> dict:

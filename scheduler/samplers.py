@@ -18,14 +18,15 @@ class UniformSampler:
         self.rng = np.random.default_rng(seed)
         self.attempts = np.zeros(num_problems, dtype=np.int32)
         self.successes = np.zeros(num_problems, dtype=np.float32)
+        self.retired: set[int] = set()
 
     def next(self, k: int, busy: set[int]) -> list[int]:
         out: list[int] = []
         if len(busy) >= self.n:
             return out
-        while len(out) < k and len(busy) + len(out) < self.n:
+        while len(out) < k and len(busy) + len(out) + len(self.retired) < self.n:
             i = int(self.rng.integers(self.n))
-            if i not in busy and i not in out:
+            if i not in busy and i not in out and i not in self.retired:
                 out.append(i)
         return out
 
@@ -38,6 +39,10 @@ class UniformSampler:
 
     def on_version(self, version: int) -> None:
         pass
+
+    def retire(self, idx: int) -> None:
+        """Never choose this problem again (it cannot be served)."""
+        self.retired.add(idx)
 
     def release(self, idx: int) -> None:
         pass

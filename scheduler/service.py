@@ -106,6 +106,11 @@ class Scheduler(Service):
             self.count("duplicate_or_unknown_results")
             return None
         self.remember_answered(group.dispatch_id)
+        if group.error:
+            self.count("problems_retired")
+            self.sampler.retire(flight.problem)
+            self.log.warning("problem_retired", problem_id=group.problem_id, error=group.error)
+            return None
         self.rollouts_generated += len(group.rollouts)
         self.groups_returned += 1
         signal = has_signal(group.rewards)
@@ -234,6 +239,11 @@ class Scheduler(Service):
             **self.counters,
             **self.sampler.metrics(),
         }
+
+    def gauges(self) -> dict:
+        return {**self.counters, "learner_version": self.learner_version, "next_seq": self.next_seq,
+                "in_flight": len(self.in_flight), "fresh_groups": len(self.fresh),
+                "rollouts_generated": self.rollouts_generated, **self.sampler.metrics()}
 
     def close(self) -> None:
         self.rollouts.close()

@@ -30,6 +30,7 @@ class RunConfig(Section):
     seed: int = Field(0, description="Seed for every random choice of the run.")
     log_format: Literal["console", "json"] = Field("console", description="Log lines for people (console) or machines (json).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest log level printed.")
+    http_port: int = Field(0, ge=0, le=65535, description="Port of /health and /metrics for a service started alone (0: none).")
 
 
 class KafkaConfig(Section):
@@ -117,7 +118,8 @@ class SchedulerConfig(Section):
 class ProducerConfig(Section):
     producer_id: str = Field("producer-0", description="Name in rollouts and logs; pods use their hostname.")
     backend: Literal["auto", "transformers", "vllm"] = Field("auto", description="Generation engine; auto picks vLLM when importable.")
-    reward: str = Field("prl.tasks.addition:exact_match", description="Reward function as module:function(completion, answer) -> float.")
+    reward: str = Field("prl.tasks.addition:exact_match", description="Reward function as module:function(completion, answer) -> float; built in: prl.tasks.addition:exact_match, producers.rewards:math_verify.")
+    reward_timeout_s: float = Field(5.0, gt=0, description="A reward call running longer counts as 0.0 (and is counted).")
     max_dispatches_per_call: int = Field(16, ge=1, description="Dispatches batched into one generation call.")
     threads: int = Field(0, ge=0, description="torch threads (0: leave torch's default).")
 

@@ -124,6 +124,7 @@ class RolloutGroup:
             ("generate_seconds", pa.float32()),
             ("reward_seconds", pa.float32()),
             ("created_at", pa.float64()),
+            ("error", pa.string()),
         ]
     )
     dispatch_id: str
@@ -136,6 +137,7 @@ class RolloutGroup:
     generate_seconds: float = 0.0
     reward_seconds: float = 0.0
     created_at: float = 0.0
+    error: str = ""  # the problem could not be served (prompt too long, ...): no rollouts
 
     @property
     def rewards(self) -> list[float]:
@@ -143,7 +145,7 @@ class RolloutGroup:
 
     def validate(self) -> None:
         _require(self.policy_version >= 0, "invalid_value", "negative policy_version")
-        _require(len(self.rollouts) > 0, "invalid_value", "no rollouts")
+        _require(len(self.rollouts) > 0 or bool(self.error), "invalid_value", "no rollouts and no error")
         for r in self.rollouts:
             _require(math.isfinite(r.reward), "invalid_value", "reward is not finite")
             _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")

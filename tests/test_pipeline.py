@@ -141,3 +141,26 @@ def test_scheduler_stays_at_most_max_batches_ahead(tmp_path):
         scheduler.step()
     assert sum(broker.end_offsets(topic_name(cfg.run.name, BATCHES))) == 2
     assert len(scheduler.in_flight) + len(scheduler.fresh) <= cfg.scheduler.max_in_flight
+
+
+def test_health_and_metrics_endpoints(tmp_path):
+    import urllib.request
+
+    from prl.status import StatusServer
+    from scheduler.service import Scheduler
+
+    cfg = small_config(tmp_path)
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    scheduler = Scheduler(cfg, transport)
+    scheduler.step()
+    server = StatusServer(scheduler, 0, host="127.0.0.1")
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        health = json.loads(urllib.request.urlopen(base + "/health", timeout=5).read())
+        assert health["status"] == "ok" and health["service"] == "scheduler"
+        text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        assert f"prl_scheduler_in_flight {cfg.scheduler.max_in_flight}" in text
+        assert "prl_scheduler_dispatched" in text
+    finally:
+        server.close()

@@ -1,0 +1,70 @@
+"""`prl bench producer`: generation throughput of vLLM against the transformers backend,
+on the same model, prompts and sampling settings, side by side in one run.
+
+Counts completion tokens per second of ``generate`` calls (each call: ``--prompts``
+prompts x ``--group-size`` samples, every prompt of the call batched together), after one
+warm-up call per backend. Engine start-up is reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+
+def measure(backend, prompts, sampling, group_size, calls):
+    from producers.backends import Request
+
+    reqs = [Request(backend.encode(p), group_size, sampling) for p in prompts]
+    backend.generate(reqs)  # warm-up
+    tokens, t0 = 0, time.perf_counter()
+    for _ in range(calls):
+        tokens += sum(len(c.token_ids) for g in backend.generate(reqs) for c in g)
+    seconds = time.perf_counter() - t0
+    return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="prl bench producer", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="builtin:tiny-adder")
+    ap.add_argument("--prompts", type=int, default=128)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+    from prl.tasks import addition
+    from producers.backends import TransformersBackend, VLLMBackend
+    from schemas import Sampling
+
+    rng = random.Random(0)
+    prompts = [addition.make_problem(rng.randint(10, 999), rng.randint(10, 999), 3).prompt for _ in range(args.prompts)]
+    sampling = Sampling(1.0, 1.0, args.max_tokens, [])
+    t0 = time.perf_counter()
+    vllm = VLLMBackend(args.model)
+    vllm_start = time.perf_counter() - t0
+    results = {"vllm": measure(vllm, prompts, sampling, args.group_size, args.calls)}
+    results["vllm"]["startup_s"] = vllm_start
+    t0 = time.perf_counter()
+    hf = TransformersBackend.from_path(args.model)
+    hf_start = time.perf_counter() - t0
+    results["transformers"] = measure(hf, prompts, sampling, args.group_size, args.calls)
+    results["transformers"]["startup_s"] = hf_start
+    print(f"producer backends, {args.model}, {args.prompts} prompts x {args.group_size} samples x <= {args.max_tokens} tokens per call")
+    print(f"{'figure':<18}{'vLLM':>14}{'transformers':>16}")
+    print(f"{'tokens_per_s':<18}{results['vllm']['tokens_per_s']:>14,.0f}{results['transformers']['tokens_per_s']:>16,.0f}")
+    print(f"{'startup_s':<18}{vllm_start:>14.1f}{hf_start:>16.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), **results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

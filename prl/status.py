@@ -1,0 +1,68 @@
+"""/health and /metrics over HTTP for probes and Prometheus, one small server per service.
+
+/health answers 200 while the service loop keeps stepping (503 once it has not stepped
+for ``stall_s``); /metrics is the Prometheus text format of the service's counters and
+gauges, names ``prl_<service>_<key>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def prometheus_text(service: str, values: dict) -> str:
+    lines = []
+    for key, value in sorted(values.items()):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        name = re.sub(r"[^a-zA-Z0-9_]", "_", f"prl_{service}_{key}")
+        lines.append(f"{name} {value}")
+    return "\n".join(lines) + "\n"
+
+
+class StatusServer:
+    def __init__(self, service, port: int, host: str = "0.0.0.0", stall_s: float = 120.0):
+        self.service = service
+        self.stall_s = stall_s
+        handler = self._handler()
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="status-http", daemon=True)
+        self.thread.start()
+
+    def _handler(self):
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                svc = outer.service
+                if self.path == "/health":
+                    age = time.monotonic() - svc.last_step_at
+                    ok = age < outer.stall_s
+                    body = json.dumps({"status": "ok" if ok else "stalled", "service": svc.name,
+                                       "seconds_since_step": round(age, 3)}).encode()
+                    self._send(200 if ok else 503, "application/json", body)
+                elif self.path == "/metrics":
+                    self._send(200, "text/plain; version=0.0.4", prometheus_text(svc.name, svc.gauges()).encode())
+                else:
+                    self._send(404, "text/plain", b"not found\n")
+
+            def _send(self, code, ctype, body):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # probes every few seconds: keep logs quiet
+                pass
+
+        return Handler
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
