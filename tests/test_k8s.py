@@ -1,0 +1,144 @@
+"""Kubernetes manifests, built and validated offline: every overlay builds with
+`kubectl kustomize`, every built-in resource passes kubernetes-validate --strict, and the
+manifests agree with the code (topics, config keys, probe ports, images)."""
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from schemas.config import load_config
+from schemas.topics import TOPICS, topic_name
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir())
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+
+
+def build(overlay: str, tmp_path: Path) -> tuple[Path, list[dict]]:
+    out = subprocess.run(["kubectl", "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / f"{overlay}.yaml"
+    path.write_text(out.stdout)
+    return path, [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def config_of(docs) -> str:
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("prl-config")]
+    return cm["data"]["config.toml"]
+
+
+def workloads(docs):
+    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+
+
+def test_overlays_exist():
+    assert {"dev", "gpu"} <= set(OVERLAYS)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_builtin_resources_pass_strict_validation(overlay, tmp_path):
+    path, docs = build(overlay, tmp_path)
+    exe = Path(sys.executable).parent / "kubernetes-validate"
+    out = subprocess.run([str(exe), "--strict", "--quiet", str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ERROR" not in out.stdout and "failed" not in out.stdout.lower(), out.stdout
+    builtin = [d for d in docs if "." not in d["apiVersion"].split("/")[0] or d["apiVersion"].startswith(("apps/", "policy/"))]
+    assert len(builtin) >= 7
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_config_keys_exist_in_the_model(overlay, tmp_path):
+    """The generated config.toml and every --set in a container's args validate."""
+    _, docs = build(overlay, tmp_path)
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(config_of(docs))
+    for w in workloads(docs):
+        args = w["spec"]["template"]["spec"]["containers"][0]["args"]
+        sets = [a.replace("$(POD_NAME)", "pod-0") for prev, a in zip(args, args[1:]) if prev == "--set"]
+        load_config(config_file, sets)  # raises ConfigError naming any unknown or bad key
+        assert args[0] in ("scheduler", "producer", "learner") and "/etc/prl/config.toml" in args
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_topic_has_a_matching_kafka_topic(overlay, tmp_path):
+    _, docs = build(overlay, tmp_path)
+    cfg = tomllib.loads(config_of(docs))
+    model = load_config(overrides=[])
+    run = cfg["run"]["name"]
+    max_bytes = cfg["transport"]["kafka"].get("max_message_bytes", model.transport.kafka.max_message_bytes)
+    topics = {d["spec"]["topicName"]: d["spec"] for d in docs if d["kind"] == "KafkaTopic"}
+    if not topics:  # an existing Kafka: the services create the topics themselves
+        assert cfg["transport"]["kafka"]["create_topics"] is True
+        return
+    assert set(topics) == {topic_name(run, kind) for kind in TOPICS}
+    for kind, spec in TOPICS.items():
+        t = topics[topic_name(run, kind)]
+        assert t["partitions"] == spec.partitions, kind
+        assert int(t["config"]["retention.ms"]) == spec.retention_ms, kind
+        assert t["config"]["cleanup.policy"] == ("compact" if spec.compacted else "delete"), kind
+        assert int(t["config"]["max.message.bytes"]) == max_bytes, kind
+    kafka = [d for d in docs if d["kind"] == "Kafka"][0]
+    assert int(kafka["spec"]["kafka"]["config"]["message.max.bytes"]) >= max_bytes
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_point_at_the_port_services_listen_on(overlay, tmp_path):
+    _, docs = build(overlay, tmp_path)
+    port = tomllib.loads(config_of(docs))["run"]["http_port"]
+    for w in workloads(docs):
+        c = w["spec"]["template"]["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        for probe in ("livenessProbe", "readinessProbe"):
+            get = c[probe]["httpGet"]
+            assert get["path"] == "/health"
+            assert ports.get(get["port"], get["port"]) == port, (w["metadata"]["name"], probe)
+        assert w["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_workloads_are_locked_down_and_sized(overlay, tmp_path):
+    _, docs = build(overlay, tmp_path)
+    kinds = {w["metadata"]["name"]: w for w in workloads(docs)}
+    assert kinds["prl-scheduler"]["spec"]["strategy"]["type"] == "Recreate"
+    assert kinds["prl-scheduler"]["spec"]["replicas"] == 1
+    assert kinds["prl-learner"]["kind"] == "StatefulSet"
+    assert any(d["kind"] == "PodDisruptionBudget" for d in docs)
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    for w in kinds.values():
+        pod = w["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert c["resources"]["requests"] and c["resources"]["limits"]
+        image, tag = c["image"].rsplit(":", 1)
+        assert re.search(rf"--target \w+\s+-t {re.escape(image)}:{re.escape(tag)}", dockerfile), c["image"]
+        env = {e["name"] for e in c["env"]}
+        assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= env
+        assert all("valueFrom" in e for e in c["env"] if "SECRET" in e["name"] or "PASSWORD" in e["name"])
+
+
+def test_gpu_overlay_requests_gpus_on_gpu_nodes(tmp_path):
+    _, docs = build("gpu", tmp_path)
+    kinds = {w["metadata"]["name"]: w for w in workloads(docs)}
+    assert kinds["prl-producer"]["spec"]["replicas"] >= 2
+    for name in ("prl-producer", "prl-learner"):
+        pod = kinds[name]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert pod["nodeSelector"] and pod["tolerations"]
+    assert "nvidia.com/gpu" not in str(kinds["prl-scheduler"])
+
+
+def test_dev_overlay_is_cpu_with_one_producer(tmp_path):
+    _, docs = build("dev", tmp_path)
+    kinds = {w["metadata"]["name"]: w for w in workloads(docs)}
+    assert kinds["prl-producer"]["spec"]["replicas"] == 1
+    assert "nvidia.com/gpu" not in str(docs)
+    assert any(d["kind"] == "Kafka" for d in docs)
