@@ -6,7 +6,9 @@ Layout under ``<run_dir>/checkpoints/`` (written by prl/storage.py: data, manife
     step-00000012/model.safetensors      weights in Hugging Face layout (what producers load)
     step-00000012/config.json, tokenizer* copied from the base model, so the directory loads
                                          with from_pretrained or vLLM as it is
-    step-00000012/optimizer.safetensors  optimizer tensors; param groups go in state.json
+    step-00000012/optimizer-00000-of-00002.safetensors
+                                         each rank's optimizer shard (param groups in state.json);
+                                         any number of ranks can resume from them
     step-00000012/state.json             step, last batch seq, counters
     step-00000012/manifest.json          sha256 of every file above
     latest                               {"step": 12, "name": "step-00000012"}
@@ -33,35 +35,75 @@ def root(run_dir: str) -> str:
     return run_dir.rstrip("/") + "/checkpoints"
 
 
+def optimizer_shard_name(rank: int, world: int) -> str:
+    return f"optimizer-{rank:05d}-of-{world:05d}.safetensors"
+
+
 def optimizer_tensors(optimizer) -> tuple[dict, list]:
-    """AdamW state as flat named tensors plus JSON-able param groups."""
+    """This rank's AdamW state as flat named tensors (local shards), plus JSON-able param groups."""
     sd = optimizer.state_dict()
-    tensors = {f"{idx}.{name}": t.detach().contiguous() for idx, st in sd["state"].items() for name, t in st.items()}
+    tensors = {f"{idx}.{name}": (t.to_local() if hasattr(t, "to_local") else t).detach().contiguous()
+               for idx, st in sd["state"].items() for name, t in st.items()}
     return tensors, sd["param_groups"]
 
 
-def restore_optimizer(optimizer, tensors: dict, param_groups: list) -> None:
+def restore_optimizer(optimizer, shards: list[dict], param_groups: list, d=None) -> None:
+    """Rebuild the optimizer state from the shards of any number of ranks: each tensor is
+    the concatenation of its shards along dim 0 (FSDP2 shards dim 0), re-sharded onto
+    this run's mesh."""
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     state: dict[int, dict] = {}
-    for key, t in tensors.items():
+    for key in shards[0]:
         idx, name = key.split(".", 1)
-        state.setdefault(int(idx), {})[name] = t
+        parts = [s[key] for s in shards]
+        full = parts[0] if parts[0].dim() == 0 else torch.cat(parts, dim=0)
+        param = params[int(idx)]
+        if d is not None and hasattr(param, "device_mesh") and full.dim() > 0:
+            from torch.distributed.tensor import Shard, distribute_tensor
+
+            full = distribute_tensor(full, param.device_mesh, [Shard(0)])
+        state.setdefault(int(idx), {})[name] = full
     optimizer.load_state_dict({"state": state, "param_groups": param_groups})
 
 
-def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: dict, base_model_dir: Path, keep: int) -> str:
-    """Write one checkpoint and move ``latest`` to it; return the checkpoint's URI."""
+def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: dict, base_model_dir: Path, keep: int,
+                     d=None) -> str:
+    """Write one checkpoint and move ``latest`` to it; return the checkpoint's URI.
+
+    Under FSDP every rank calls this: each writes its optimizer shard, rank 0 writes the
+    gathered weights, the state and (after collecting the other shards' checksums) the
+    manifest and ``latest``."""
     from safetensors.torch import save
 
+    rank, world = (d.rank, d.world) if d is not None else (0, 1)
+    name = f"step-{step:08d}"
     opt_tensors, param_groups = optimizer_tensors(optimizer) if optimizer is not None else ({}, [])
-    files: dict[str, bytes] = {
-        "model.safetensors": save(weights),
-        "optimizer.safetensors": save(opt_tensors),
-        "state.json": json.dumps({**state, "step": step, "param_groups": param_groups}).encode(),
-    }
-    for fname in HF_FILES:
-        if (base_model_dir / fname).exists():
-            files[fname] = (base_model_dir / fname).read_bytes()
-    return storage.write_versioned(root(run_dir), f"step-{step:08d}", files, keep, meta={"step": step})
+    shard_name = optimizer_shard_name(rank, world)
+    digest = storage.write_file(root(run_dir), name, shard_name, save(opt_tensors))
+    if d is not None:
+        from learner.distributed import all_gather_strings
+
+        digests = all_gather_strings(digest, d)
+    else:
+        digests = [digest]
+    uri = root(run_dir).rstrip("/") + "/" + name
+    if rank == 0:
+        files: dict[str, bytes] = {
+            "model.safetensors": save(weights),
+            "state.json": json.dumps({**state, "step": step, "param_groups": param_groups, "world_size": world}).encode(),
+        }
+        for fname in HF_FILES:
+            if (base_model_dir / fname).exists():
+                files[fname] = (base_model_dir / fname).read_bytes()
+        written = {optimizer_shard_name(r, world): h for r, h in enumerate(digests)}
+        uri = storage.write_versioned(root(run_dir), name, files, keep, meta={"step": step}, written=written)
+    if d is not None:
+        from learner.distributed import barrier
+
+        barrier(d)
+    return uri
 
 
 def list_checkpoints(run_dir: str) -> list[str]:
@@ -76,15 +118,34 @@ def latest_uri(run_dir: str) -> str | None:
     return storage.latest_uri(root(run_dir))
 
 
-def load_checkpoint(uri: str, model, optimizer) -> dict:
-    """Restore weights and optimizer from ``uri``; return its state.json."""
+def read_state(uri: str) -> dict:
+    return json.loads(storage.read_verified(uri, "state.json"))
+
+
+def load_weights(uri: str, model) -> None:
+    """The checkpoint's full weights into a (not yet sharded) model."""
     from safetensors.torch import load
 
     from prl.models import load_state
 
-    state = json.loads(storage.read_verified(uri, "state.json"))
     load_state(model, load(storage.read_verified(uri, "model.safetensors")))
-    if optimizer is not None and state.get("param_groups"):
-        restore_optimizer(optimizer, load(storage.read_verified(uri, "optimizer.safetensors")), state["param_groups"])
+
+
+def load_optimizer(uri: str, optimizer, state: dict, d=None) -> None:
+    """The optimizer state, from however many ranks wrote it, onto this run's ranks."""
+    from safetensors.torch import load
+
+    world = state.get("world_size", 1)
+    shards = [load(storage.read_verified(uri, optimizer_shard_name(r, world))) for r in range(world)]
+    if state.get("param_groups") and shards[0]:
+        restore_optimizer(optimizer, shards, state["param_groups"], d)
+
+
+def load_checkpoint(uri: str, model, optimizer, d=None) -> dict:
+    """Restore weights and optimizer from ``uri`` (unsharded model); return its state.json."""
+    state = read_state(uri)
+    load_weights(uri, model)
+    if optimizer is not None:
+        load_optimizer(uri, optimizer, state, d)
     log.info("checkpoint_loaded", uri=uri, step=state["step"])
     return state

@@ -2,7 +2,7 @@
 checkpoint to object storage, announce the new policy version.
 
 Loop, top to bottom:
-  1. poll the batch topic (one batch at a time);
+  1. poll the batch topic (one batch at a time; under torchrun rank 0 polls and broadcasts);
   2. skip a batch whose sequence number was already trained (at-least-once delivery);
   3. drop rollouts older than tau_max (counted), train on the rest;
   4. every ``checkpoint_every`` steps write a checkpoint, then publish PolicyVersion;
@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import time
 
-from learner import checkpoint
+from learner import checkpoint, distributed
 from learner.evaluate import heldout_accuracy
+from learner.sources import FileSource, TopicSource
 from learner.train import make_optimizer, train_step
-from prl.models import export_state, load_model, load_tokenizer, resolve_model_dir
+from prl.models import load_model, load_tokenizer, resolve_model_dir
 from prl.service import Service
 from producers.backends import TransformersBackend
 from producers.rewards import load_reward
 from prl.tasks import heldout_problems
-from schemas import PolicyVersion, TrainBatch, encode, headers
+from schemas import PolicyVersion, TrainBatch, decode, encode, headers
 from schemas.topics import BATCHES, POLICY
 
 
@@ -29,7 +30,9 @@ class Learner(Service):
     name = "learner"
 
     def __init__(self, cfg, transport, metrics=None):
-        super().__init__(cfg, transport, metrics)
+        self.dist = distributed.setup()
+        self.is_main = self.dist is None or self.dist.is_main
+        super().__init__(cfg, transport, metrics if self.is_main else None)
         import torch
 
         if cfg.learner.threads:
@@ -38,44 +41,61 @@ class Learner(Service):
         self.model = load_model(cfg.model.path, cfg.model.dtype)
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.pad_id = self.tokenizer.pad_token_id or 0
+        self.version, self.last_seq, self.rollouts_generated, self.checkpoint_uri = 0, -1, 0, ""
+        latest = checkpoint.latest_uri(cfg.run.run_dir)
+        state = checkpoint.read_state(latest) if latest else None
+        if latest:  # weights first, into the whole model; then shard; then the optimizer
+            checkpoint.load_weights(latest, self.model)
+        if self.dist is not None:
+            distributed.shard(self.model, self.dist, cfg.learner.activation_checkpointing)
+        elif cfg.learner.activation_checkpointing:
+            self.model.gradient_checkpointing_enable()
         self.optimizer = make_optimizer(self.model, cfg.learner)
-        self.version = 0
-        self.last_seq = -1
-        self.checkpoint_uri = ""
-        self.rollouts_generated = 0
-        self.heldout = heldout_problems(cfg.task)
+        if latest:
+            checkpoint.load_optimizer(latest, self.optimizer, state, self.dist)
+            self.version, self.last_seq = state["step"], state["last_batch_seq"]
+            self.rollouts_generated = state.get("rollouts_generated", 0)
+            self.checkpoint_uri = latest
+            self.log.info("resumed", version=self.version, last_batch_seq=self.last_seq, from_world=state.get("world_size", 1))
+        self.log.info("memory", **distributed.memory_report(self.model, self.dist))
+        self.heldout = heldout_problems(cfg.task) if self.dist is None else []  # evaluation: single process
         self.reward_fn = load_reward(cfg.producer.reward)
         self.eval_backend = TransformersBackend(self.model, self.tokenizer)
-        self._resume()
-        self.batches = transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner")
-        self.announce()
+        self.source = None
+        self.exhausted = False
+        if self.is_main:
+            if cfg.learner.batches_from:
+                self.source = FileSource(cfg.learner.batches_from)
+            else:
+                self.source = TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
+            self.announce()
         if cfg.learner.eval_every and self.heldout and self.version == 0:
             self.evaluate()
 
-    def _resume(self) -> None:
-        uri = checkpoint.latest_uri(self.cfg.run.run_dir)
-        if uri is None:
-            return
-        state = checkpoint.load_checkpoint(uri, self.model, self.optimizer)
-        self.version, self.last_seq = state["step"], state["last_batch_seq"]
-        self.rollouts_generated = state.get("rollouts_generated", 0)
-        self.checkpoint_uri = uri
-        self.log.info("resumed", version=self.version, last_batch_seq=self.last_seq)
-
     def announce(self) -> None:
+        if not self.is_main:
+            return
         record = PolicyVersion(self.version, self.checkpoint_uri, self.last_seq, time.time())
         self.publisher.publish(self.topic(POLICY), encode(record), key=self.cfg.run.name.encode(), headers=headers(record))
         self.publisher.flush()
 
     def step(self) -> bool:
-        if self.version >= self.cfg.learner.max_steps:
+        if self.version >= self.cfg.learner.max_steps or self.exhausted:
             return True
-        for msg in self.batches.poll(self.poll_s, max_records=1):
-            batch = self.decode_or_dead_letter(msg, TrainBatch)
-            if batch is not None:
-                self.train_on(batch)
-            self.batches.commit()
-        return self.version >= self.cfg.learner.max_steps
+        data = None
+        if self.is_main:
+            msg, self.exhausted = self.source.next(self.poll_s)
+            batch = self.decode_or_dead_letter(msg, TrainBatch) if msg is not None else None
+            data = encode(batch) if batch is not None else (b"" if self.exhausted else None)
+        if self.dist is not None:
+            data = distributed.broadcast_bytes(data, self.dist)
+        if data == b"":
+            self.exhausted = True
+        elif data is not None:
+            self.train_on(decode(data, TrainBatch))
+        if self.is_main and msg is not None:
+            self.source.commit()
+        return self.version >= self.cfg.learner.max_steps or self.exhausted
 
     def train_on(self, batch: TrainBatch) -> None:
         if batch.seq <= self.last_seq:
@@ -90,7 +110,7 @@ class Learner(Service):
             self.last_seq = batch.seq
             return
         t0 = time.perf_counter()
-        stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id)
+        stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist)
         ages = [self.version - r.policy_version for r in usable]
         self.version += 1
         self.last_seq = batch.seq
@@ -107,16 +127,20 @@ class Learner(Service):
             self.save()
         self.announce()
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
-        self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3), rollouts=len(usable))
+        if self.is_main:
+            self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3), rollouts=len(usable))
         every = self.cfg.learner.eval_every
         if every and self.heldout and (self.version % every == 0 or self.version >= self.cfg.learner.max_steps):
             self.evaluate()
 
     def save(self) -> None:
         state = {"last_batch_seq": self.last_seq, "rollouts_generated": self.rollouts_generated, "counters": self.counters}
+        weights = distributed.full_weights(self.model, self.dist)
+        if weights and getattr(self.model.config, "tie_word_embeddings", False):
+            weights.pop("lm_head.weight", None)
         self.checkpoint_uri = checkpoint.write_checkpoint(
-            self.cfg.run.run_dir, self.version, export_state(self.model), self.optimizer, state,
-            resolve_model_dir(self.cfg.model.path), self.cfg.learner.keep_checkpoints,
+            self.cfg.run.run_dir, self.version, {k: v.detach().contiguous() for k, v in weights.items()},
+            self.optimizer, state, resolve_model_dir(self.cfg.model.path), self.cfg.learner.keep_checkpoints, self.dist,
         )
 
     def evaluate(self) -> dict:
@@ -133,5 +157,10 @@ class Learner(Service):
                 "rollouts_generated": self.rollouts_generated}
 
     def close(self) -> None:
-        self.batches.close()
+        if self.source is not None:
+            self.source.close()
         super().close()
+        if self.dist is not None:
+            import torch.distributed as tdist
+
+            tdist.destroy_process_group()

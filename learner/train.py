@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.grpo import grpo_loss
+from learner.grpo import clipped_surrogate, policy_ratio
 from schemas import TrainRollout
 
 
@@ -56,43 +56,96 @@ def token_logprobs(model, batch: PackedBatch) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
 
 
-def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0) -> dict[str, float]:
-    """Forward, token-mean clipped loss, backward, grad-norm clip, AdamW step; return metrics."""
-    batch = pack(rollouts, pad_id)
-    model.train()
+def plan_micro_batches(rollouts: list[TrainRollout], max_tokens: int, world: int = 1) -> list[list[list[TrainRollout]]]:
+    """Micro-batches per rank, by token budget (padding-aware: rows sorted by length, so a
+    micro-batch's padded size rows x longest stays within ``max_tokens``). Every rank gets
+    the same number of micro-batches (FSDP needs lockstep forwards); missing ones are []."""
+    mbs: list[list[TrainRollout]] = []
+    current: list[TrainRollout] = []
+    width = 0
+    for r in sorted(rollouts, key=lambda r: r.num_tokens, reverse=True):
+        w = max(width, r.num_tokens)
+        if current and w * (len(current) + 1) > max_tokens:
+            mbs.append(current)
+            current, w = [], r.num_tokens
+        current.append(r)
+        width = w
+    if current:
+        mbs.append(current)
+    per_rank = [mbs[i::world] for i in range(world)]
+    n = max(len(p) for p in per_rank)
+    return [p + [[]] * (n - len(p)) for p in per_rank]
+
+
+STAT_NAMES = ("loss", "tokens", "clipped", "approx_kl", "ratio", "fresh/tokens", "fresh/ratio", "fresh/clipped",
+              "fresh/approx_kl", "replay/tokens", "replay/ratio", "replay/clipped", "replay/approx_kl")
+
+
+def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss contribution sum / total_tokens, detached sums of STAT_NAMES) for one micro-batch."""
     logp = token_logprobs(model, batch)
-    loss, stats = grpo_loss(
-        logp, batch.behaviour_logp, batch.advantage, batch.mask,
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
-    )
+    adv = batch.advantage.unsqueeze(-1).expand_as(logp)
+    ratio = policy_ratio(logp, batch.behaviour_logp)
+    per_token = clipped_surrogate(ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    loss = (per_token * batch.mask).sum() / total_tokens
+    with torch.no_grad():
+        r, lr = ratio.detach(), (logp - batch.behaviour_logp).detach()
+        clipped = (((r < 1 - cfg.clip_low) & (adv < 0)) | ((r > 1 + cfg.clip_high) & (adv > 0))).float()
+        kl = (r - 1) - lr
+        sums = [loss.detach() * total_tokens, batch.mask.sum(), (clipped * batch.mask).sum(), (kl * batch.mask).sum(),
+                (r * batch.mask).sum()]
+        for rows in (~batch.is_replay, batch.is_replay):
+            m = batch.mask * rows.unsqueeze(-1)
+            sums += [m.sum(), (r * m).sum(), (clipped * m).sum(), (kl * m).sum()]
+    return loss, torch.stack([torch.as_tensor(x, dtype=torch.float64) for x in sums])
+
+
+def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0, dist=None) -> dict[str, float]:
+    """One optimizer step on a batch: micro-batches of at most ``cfg.micro_batch_tokens``
+    padded tokens with gradient accumulation, so the loss and gradients equal the
+    whole-batch token-mean; under FSDP every rank takes its share of the micro-batches.
+    Then grad-norm clip and AdamW step; returns the batch's metrics (global)."""
+    world, rank = (dist.world, dist.rank) if dist is not None else (1, 0)
+    total_tokens = sum(len(r.completion_ids) for r in rollouts)
+    plan = plan_micro_batches(rollouts, cfg.micro_batch_tokens, world)[rank]
+    sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    model.train()
+    autocast = torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16,
+                              enabled=cfg.bf16_autocast)
+    for mb in plan:
+        with autocast:
+            if mb:
+                loss, mb_sums = micro_batch_sums(model, pack(mb, pad_id), total_tokens, cfg)
+                sums += mb_sums
+            else:  # an empty slot: a zero-loss forward keeps this rank in step with the others
+                loss = model(input_ids=torch.tensor([[pad_id]])).logits.sum() * 0.0
+        (loss * world).backward()  # FSDP averages gradients over ranks; the loss is already global
+    if world > 1:
+        import torch.distributed as tdist
+
+        tdist.all_reduce(sums)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
     model.eval()
-    metrics = {"loss": loss.item(), "grad_norm": grad_norm.item(), **{k: v.item() for k, v in stats.items()}}
-    metrics.update(split_stats(logp.detach(), batch, cfg))
-    metrics["tokens"] = int(batch.mask.sum().item())
-    metrics["rollouts"] = len(rollouts)
-    metrics["replay_share"] = float(batch.is_replay.float().mean().item())
+    s = dict(zip(STAT_NAMES, sums.tolist()))
+    metrics = {
+        "loss": s["loss"] / max(1, total_tokens),
+        "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+        "clip_fraction": s["clipped"] / max(1, s["tokens"]),
+        "approx_kl": s["approx_kl"] / max(1, s["tokens"]),
+        "ratio_mean": s["ratio"] / max(1, s["tokens"]),
+        "tokens": int(s["tokens"]),
+        "rollouts": len(rollouts),
+        "replay_share": sum(r.is_replay for r in rollouts) / len(rollouts),
+        "micro_batches": len(plan),
+    }
+    for part in ("fresh", "replay"):
+        n = s[f"{part}/tokens"]
+        if n > 0:
+            metrics.update({f"{part}/ratio_mean": s[f"{part}/ratio"] / n, f"{part}/clip_fraction": s[f"{part}/clipped"] / n,
+                            f"{part}/approx_kl": s[f"{part}/approx_kl"] / n})
     return metrics
-
-
-def split_stats(logp: torch.Tensor, batch: PackedBatch, cfg) -> dict[str, float]:
-    """Ratio statistics of fresh and replayed rollouts separately (``fresh/...``, ``replay/...``)."""
-    from learner.grpo import token_mean
-
-    out = {}
-    ratio = torch.exp(logp - batch.behaviour_logp)
-    adv = batch.advantage.unsqueeze(-1).expand_as(ratio)
-    clipped = ((ratio < 1 - cfg.clip_low) & (adv < 0)) | ((ratio > 1 + cfg.clip_high) & (adv > 0))
-    for name, rows in (("fresh", ~batch.is_replay), ("replay", batch.is_replay)):
-        mask = batch.mask * rows.unsqueeze(-1)
-        if mask.sum() > 0:
-            out[f"{name}/ratio_mean"] = token_mean(ratio, mask).item()
-            out[f"{name}/clip_fraction"] = token_mean(clipped.float(), mask).item()
-            out[f"{name}/approx_kl"] = token_mean((ratio - 1) - (logp - batch.behaviour_logp), mask).item()
-    return out
 
 
 def make_optimizer(model, cfg) -> torch.optim.Optimizer:

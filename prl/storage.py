@@ -23,13 +23,23 @@ class StorageError(RuntimeError):
     pass
 
 
-def write_versioned(root: str, name: str, files: dict[str, bytes], keep: int, meta: dict | None = None) -> str:
-    """Write ``files`` under ``root/name``, then the manifest, then ``latest``; return the URI."""
+def write_file(root: str, name: str, fname: str, data: bytes) -> str:
+    """One data file of ``root/name`` (e.g. written by another process); returns its sha256."""
+    fs, path = fsspec.core.url_to_fs(root.rstrip("/") + "/" + name)
+    fs.makedirs(path, exist_ok=True)
+    fs.pipe_file(f"{path}/{fname}", data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_versioned(root: str, name: str, files: dict[str, bytes], keep: int, meta: dict | None = None,
+                    written: dict[str, str] | None = None) -> str:
+    """Write ``files`` under ``root/name``, then the manifest (covering ``written`` too: files
+    already there, name -> sha256), then ``latest``; return the URI."""
     fs, path = fsspec.core.url_to_fs(root.rstrip("/") + "/" + name)
     fs.makedirs(path, exist_ok=True)
     for fname, data in files.items():
         fs.pipe_file(f"{path}/{fname}", data)
-    manifest = {fname: hashlib.sha256(data).hexdigest() for fname, data in files.items()}
+    manifest = {**(written or {}), **{fname: hashlib.sha256(data).hexdigest() for fname, data in files.items()}}
     fs.pipe_file(f"{path}/manifest.json", json.dumps(manifest).encode())
     fs.pipe_file(path.rsplit("/", 1)[0] + "/latest", json.dumps({**(meta or {}), "name": name}).encode())
     prune(root, keep, current=name)

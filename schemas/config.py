@@ -136,6 +136,10 @@ class LearnerConfig(Section):
     eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps (0: never).")
     max_steps: int = Field(200, ge=1, description="Stop after this many optimizer steps.")
     threads: int = Field(0, ge=0, description="torch threads (0: leave torch's default).")
+    micro_batch_tokens: int = Field(16_384, ge=1, description="Padded tokens per micro-batch; gradients accumulate over micro-batches.")
+    bf16_autocast: bool = Field(False, description="Run forward and backward under bfloat16 autocast.")
+    activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in backward (saves memory).")
+    batches_from: str | None = Field(None, description="Train from a file of TrainBatch records (path or fsspec URI) instead of the batch topic.")
 
 
 class Config(Section):

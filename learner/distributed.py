@@ -1,0 +1,113 @@
+"""The learner across processes: torchrun + FSDP2 (``fully_shard``), nccl on GPUs and gloo
+on CPUs.
+
+Rank 0 alone consumes the batch topic and broadcasts each batch's bytes to the other
+ranks; every rank then takes its share of the micro-batches. One consumer keeps the
+batch order and the exactly-once bookkeeping (sequence numbers, offsets) in one place,
+and the topic has a single partition anyway; a batch is small next to the model, so the
+broadcast costs little. Only rank 0 publishes, writes metrics and writes the gathered
+Hugging Face weights; every rank writes its own optimizer shard.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    mesh: object
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup() -> Dist | None:
+    """Join the process group when started by torchrun (WORLD_SIZE > 1), else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cuda = torch.cuda.is_available()
+    if not tdist.is_initialized():
+        tdist.init_process_group("nccl" if cuda else "gloo")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    world = tdist.get_world_size()
+    return Dist(tdist.get_rank(), world, init_device_mesh("cuda" if cuda else "cpu", (world,)))
+
+
+def shard(model, d: Dist, activation_checkpointing: bool = False) -> None:
+    """FSDP2: each decoder layer, then the root, sharded along dim 0 over the mesh."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = model.model.layers
+    if activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, layer in enumerate(layers):
+            layers[i] = checkpoint_wrapper(layer)
+    for layer in layers:
+        fully_shard(layer, mesh=d.mesh)
+    fully_shard(model, mesh=d.mesh)
+
+
+def broadcast_bytes(data: bytes | None, d: Dist) -> bytes | None:
+    """Rank 0's bytes (or None) on every rank, as tensors (nothing pickled)."""
+    import torch.distributed as tdist
+
+    length = torch.tensor([-1 if data is None else len(data)], dtype=torch.int64)
+    tdist.broadcast(length, 0)
+    if length.item() < 0:
+        return None
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if d.is_main else torch.empty(length.item(), dtype=torch.uint8)
+    tdist.broadcast(buf, 0)
+    return data if d.is_main else buf.numpy().tobytes()
+
+
+def all_gather_strings(value: str, d: Dist) -> list[str]:
+    """Every rank's short string (e.g. a checksum), in rank order."""
+    import torch.distributed as tdist
+
+    raw = value.encode()
+    t = torch.zeros(256, dtype=torch.uint8)
+    t[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    out = [torch.zeros(256, dtype=torch.uint8) for _ in range(d.world)]
+    tdist.all_gather(out, t)
+    return [bytes(x.numpy().tobytes()).rstrip(b"\0").decode() for x in out]
+
+
+def barrier(d: Dist | None) -> None:
+    if d is not None:
+        import torch.distributed as tdist
+
+        tdist.barrier()
+
+
+def full_weights(model, d: Dist | None) -> dict:
+    """The whole model's weights on rank 0 (other ranks: {}), gathered from the shards."""
+    if d is None:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def memory_report(model, d: Dist | None) -> dict:
+    """Bytes of parameters, gradients and AdamW state on this rank (grads as parameters,
+    AdamW: two moments in the parameter dtype)."""
+    params = sum(local(p).numel() * p.element_size() for p in model.parameters())
+    return {"rank": 0 if d is None else d.rank, "world": 1 if d is None else d.world,
+            "parameter_bytes": params, "gradient_bytes": params, "optimizer_bytes": 2 * params,
+            "total_bytes": 4 * params}
