@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-BENCHMARKS = ("scheduler", "strategies", "replay", "producer")
+BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner")
 
 
 def load(args) -> "Config":  # noqa: F821

@@ -1,0 +1,92 @@
+"""`prl bench learner`: tokens per second of the learner step, one process against 2 FSDP2
+ranks (torchrun, gloo on CPU), and the effect of the micro-batch token budget.
+
+Each configuration runs the real learner (`prl learner` with `learner.batches_from`) on
+the same file of synthetic TrainBatches and reads its metrics: completion tokens trained
+per second of train_step, averaged over the steps after the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from learner.sources import write_batches
+from schemas import TrainBatch, TrainRollout
+
+
+def synthetic_batches(n_batches: int, rollouts: int, prompt: int, completion: int, vocab: int = 16):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for b in range(n_batches):
+        rows = []
+        for i in range(rollouts):
+            ids = torch.randint(3, vocab, (prompt + completion,), generator=g).tolist()
+            rows.append(TrainRollout(f"{b}/{i}", "p", 0, False, float(torch.randn(1, generator=g)), 0.0, 1.0,
+                                     [1] + ids[:prompt], ids[prompt:], (-torch.rand(completion, generator=g)).tolist()))
+        out.append(TrainBatch(f"b{b}", b, 0, 0, rows))
+    return out
+
+
+def run(workdir: Path, world: int, micro: int, steps: int, threads: int) -> float:
+    run_dir = workdir / f"w{world}-m{micro}"
+    config = workdir / f"w{world}-m{micro}.toml"
+    config.write_text(f"""
+[run]
+run_dir = "{run_dir}"
+log_level = "warning"
+[scheduler]
+tau_max = 1000
+[learner]
+batches_from = "{workdir / 'batches.arrow'}"
+eval_every = 0
+checkpoint_every = 1000
+max_steps = {steps}
+micro_batch_tokens = {micro}
+threads = {threads}
+""")
+    prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"] if world > 1 \
+        else [sys.executable]
+    out = subprocess.run(prefix + ["-m", "prl.cli", "learner", "--config", str(config)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    rows = [json.loads(x) for x in (run_dir / "metrics-learner.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "learner/train_seconds" in r][1:]  # first step warms up
+    return sum(r["learner/tokens"] for r in rows) / sum(r["learner/train_seconds"] for r in rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="prl bench learner", description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rollouts", type=int, default=128, help="rollouts per batch")
+    ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--completion", type=int, default=32)
+    ap.add_argument("--micro", type=int, nargs="+", default=[512, 2048, 8192])
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        write_batches(str(work / "batches.arrow"), synthetic_batches(args.steps, args.rollouts, args.prompt, args.completion))
+        big = max(args.micro)
+        results = {"single_process": run(work, 1, big, args.steps, 2), "fsdp2_2_ranks": run(work, 2, big, args.steps, 1)}
+        micro = {m: run(work, 1, m, args.steps, 2) for m in args.micro}
+    print(f"learner step, tiny model, {args.rollouts} rollouts x ({args.prompt}+{args.completion}) tokens per batch, 2 CPU cores")
+    print(f"{'configuration':<34}{'completion tokens/s':>20}")
+    print(f"{'1 process (2 threads)':<34}{results['single_process']:>20,.0f}")
+    print(f"{'2 FSDP2 ranks, gloo (1 thread each)':<34}{results['fsdp2_2_ranks']:>20,.0f}")
+    for m, v in micro.items():
+        print(f"{f'1 process, micro-batch {m} tokens':<34}{v:>20,.0f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), **results, "micro_batch": micro}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
