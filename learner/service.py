@@ -5,8 +5,9 @@ Loop, top to bottom:
   1. poll the batch topic (one batch at a time; under torchrun rank 0 polls and broadcasts);
   2. skip a batch whose sequence number was already trained (at-least-once delivery);
   3. drop rollouts older than tau_max (counted), train on the rest;
-  4. every ``checkpoint_every`` steps write a checkpoint, then publish PolicyVersion;
-  5. commit the batch offset; evaluate on the held-out set every ``eval_every`` steps.
+  4. every ``checkpoint_every`` steps write a checkpoint and commit the batch offsets it
+     covers (so a restarted learner neither skips nor repeats a batch); publish PolicyVersion;
+  5. evaluate on the held-out set every ``eval_every`` steps.
 """
 
 from __future__ import annotations
@@ -93,8 +94,6 @@ class Learner(Service):
             self.exhausted = True
         elif data is not None:
             self.train_on(decode(data, TrainBatch))
-        if self.is_main and msg is not None:
-            self.source.commit()
         return self.version >= self.cfg.learner.max_steps or self.exhausted
 
     def train_on(self, batch: TrainBatch) -> None:
@@ -142,6 +141,8 @@ class Learner(Service):
             self.cfg.run.run_dir, self.version, {k: v.detach().contiguous() for k, v in weights.items()},
             self.optimizer, state, resolve_model_dir(self.cfg.model.path), self.cfg.learner.keep_checkpoints, self.dist,
         )
+        if self.is_main:  # offsets move with checkpoints: a restart re-reads what the checkpoint lacks
+            self.source.commit()
 
     def evaluate(self) -> dict:
         t0 = time.perf_counter()

@@ -14,7 +14,7 @@ import structlog
 
 from prl.deadletter import dead_letter
 from prl.metrics import MetricsSink
-from prl.transport import Message, Transport
+from prl.transport import Message, Transport, TransportError
 from schemas import DecodeError, decode, topic_name
 
 
@@ -40,6 +40,9 @@ class Service:
     def decode_or_dead_letter(self, msg: Message, expected: type):
         """The record in ``msg``, or None after sending ``msg`` to the dead-letter topic."""
         try:
+            limit = self.cfg.transport.kafka.max_message_bytes
+            if len(msg.value) > limit:
+                raise DecodeError("oversized", f"{len(msg.value)} bytes > {limit}")
             return decode(msg.value, expected)
         except DecodeError as exc:
             self.count(f"dead_lettered/{exc.reason}")
@@ -67,9 +70,18 @@ class Service:
 
         stop = stop or threading.Event()
         status = StatusServer(self, http_port) if http_port else None
+        backoff = 0.5
         try:
             while not stop.is_set():
-                done = self.step()
+                try:
+                    done = self.step()
+                except TransportError as exc:  # broker away: wait, retry; unacknowledged work is redelivered
+                    self.count("transport_errors")
+                    self.log.warning("transport_error", error=str(exc)[:300], retry_in_s=backoff)
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                backoff = 0.5
                 self.last_step_at = time.monotonic()
                 if done:
                     break

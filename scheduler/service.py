@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prl.plots import priority_histogram
+from prl.deadletter import dead_letter
 from prl.service import Service
 from prl.tasks import train_problems
 from scheduler.advantages import has_signal
@@ -26,7 +27,7 @@ from scheduler.batches import compose_batch
 from scheduler.replay import ReplayBuffer
 from scheduler.samplers import make_sampler
 from scheduler.snapshot import read_snapshot, write_snapshot
-from schemas import Dispatch, PolicyVersion, RolloutGroup, Sampling, encode, headers
+from schemas import DecodeError, Dispatch, PolicyVersion, RolloutGroup, Sampling, encode, headers
 from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 ANSWERED_MEMORY = 100_000  # dispatch ids remembered to recognise duplicate results
@@ -90,6 +91,10 @@ class Scheduler(Service):
         outcomes: list[tuple[int, int, int]] = []  # (problem, solved, attempts), observed together
         for msg in msgs:
             group = self.decode_or_dead_letter(msg, RolloutGroup)
+            if group is not None and group.problem_id not in self.index:
+                self.count("dead_lettered/unknown_problem")
+                dead_letter(self.publisher, self.cfg.run.name, msg, DecodeError("unknown_problem", group.problem_id), self.name)
+                continue
             if group is not None:
                 problem = self.accept(group)
                 if problem is not None:

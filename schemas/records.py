@@ -17,6 +17,7 @@ from typing import ClassVar
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
+MAX_COUNT = 2**31 - 1  # versions, sequence numbers, sizes: anything larger is corrupt
 
 _ids = pa.list_(pa.int32())
 _floats = pa.list_(pa.float32())
@@ -80,8 +81,9 @@ class Dispatch:
     chat: bool = False  # prompt is a JSON list of chat messages: apply the chat template
 
     def validate(self) -> None:
-        _require(self.group_size >= 1, "invalid_value", "group_size must be >= 1")
-        _require(self.learner_version >= 0, "invalid_value", "learner_version must be >= 0")
+        _require(1 <= self.group_size <= 4096, "invalid_value", "group_size must be in [1, 4096]")
+        _require(0 <= self.learner_version <= MAX_COUNT, "invalid_value", "learner_version out of range")
+        _require(0 < self.sampling.max_tokens <= MAX_COUNT, "invalid_value", "max_tokens out of range")
         _require(bool(self.problem_id), "invalid_value", "empty problem_id")
 
 
@@ -145,6 +147,7 @@ class RolloutGroup:
 
     def validate(self) -> None:
         _require(self.policy_version >= 0, "invalid_value", "negative policy_version")
+        _require(self.policy_version <= MAX_COUNT, "invalid_value", "policy_version out of range")
         _require(len(self.rollouts) > 0 or bool(self.error), "invalid_value", "no rollouts and no error")
         for r in self.rollouts:
             _require(math.isfinite(r.reward), "invalid_value", "reward is not finite")
@@ -214,8 +217,10 @@ class TrainBatch:
         return [version - r.policy_version for r in self.rollouts]
 
     def validate(self) -> None:
-        _require(self.seq >= 0, "invalid_value", "negative seq")
+        _require(0 <= self.seq <= MAX_COUNT, "invalid_value", "seq out of range")
+        _require(0 <= self.learner_version <= MAX_COUNT, "invalid_value", "learner_version out of range")
         for r in self.rollouts:
+            _require(0 <= r.policy_version <= MAX_COUNT, "invalid_value", "policy_version out of range")
             _require(math.isfinite(r.advantage), "invalid_value", "advantage is not finite")
             _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")
 
@@ -240,6 +245,7 @@ class PolicyVersion:
 
     def validate(self) -> None:
         _require(self.version >= 0, "invalid_value", "negative version")
+        _require(self.version <= MAX_COUNT and -1 <= self.last_batch_seq <= MAX_COUNT, "invalid_value", "version out of range")
 
 
 @dataclass(frozen=True)
@@ -316,6 +322,7 @@ def decode_many(data: bytes, expected: type) -> list:
     """Every record of an IPC stream made by ``encode_table(to_table(records, expected))``."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        table.validate(full=True)
     except (pa.ArrowInvalid, OSError) as exc:
         raise DecodeError("not_arrow", str(exc)[:200]) from None
     return [_from_row(expected, row) for row in table.to_pylist()]
@@ -331,12 +338,26 @@ def headers(record) -> list[tuple[str, bytes]]:
 
 
 def decode(data: bytes, expected: type | None = None):
-    """Decode bytes made by :func:`encode`; raise :class:`DecodeError` on anything else."""
+    """Decode bytes made by :func:`encode`; raise :class:`DecodeError` on anything else
+    (whatever the bytes: fuzzed input must never raise anything but DecodeError)."""
+    try:
+        return _decode(data, expected)
+    except DecodeError:
+        raise
+    except Exception as exc:  # corrupt bytes can fail deep inside Arrow in many ways
+        raise DecodeError("corrupt", f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _decode(data: bytes, expected: type | None):
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(data))
         table = reader.read_all()
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, EOFError) as exc:
         raise DecodeError("not_arrow", str(exc)[:200]) from None
+    try:
+        table.validate(full=True)  # corrupt offsets would crash the conversion below (abort, not raise)
+    except pa.ArrowInvalid as exc:
+        raise DecodeError("corrupt", str(exc)[:200]) from None
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     kind = meta.get("kind")
     if kind not in RECORD_TYPES:

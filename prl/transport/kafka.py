@@ -53,7 +53,12 @@ class KafkaPublisher(Publisher):
         self._pending = []
 
     def publish(self, topic, value, *, key=None, headers=()):
-        self._pending.append(self._producer.send(topic, value=value, key=key, headers=list(headers)))
+        from kafka.errors import KafkaError
+
+        try:
+            self._pending.append(self._producer.send(topic, value=value, key=key, headers=list(headers)))
+        except KafkaError as exc:
+            raise TransportError(f"send failed: {type(exc).__name__}: {exc}") from None
 
     def flush(self, timeout_s=30.0):
         pending, self._pending = self._pending, []
@@ -98,7 +103,12 @@ class KafkaSubscriber(Subscriber):
             (self._consumer.seek_to_beginning if from_beginning else self._consumer.seek_to_end)(*parts)
 
     def poll(self, timeout_s, max_records=500):
-        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        from kafka.errors import KafkaError
+
+        try:
+            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except KafkaError as exc:
+            raise TransportError(f"poll failed: {type(exc).__name__}: {exc}") from None
         out = []
         for records in batches.values():
             for r in records:
@@ -106,8 +116,13 @@ class KafkaSubscriber(Subscriber):
         return out
 
     def commit(self):
+        from kafka.errors import KafkaError
+
         if self.group is not None:
-            self._consumer.commit()
+            try:
+                self._consumer.commit()
+            except KafkaError as exc:
+                raise TransportError(f"commit failed: {type(exc).__name__}: {exc}") from None
 
     def highwater(self, topic: str, partition: int) -> int | None:
         from kafka import TopicPartition
