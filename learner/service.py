@@ -18,7 +18,7 @@ from learner import checkpoint, distributed
 from learner.evaluate import heldout_accuracy
 from learner.sources import FileSource, TopicSource
 from learner.train import make_optimizer, train_step
-from prl.models import load_model, load_tokenizer, resolve_model_dir
+from prl.models import export_state, load_model, load_tokenizer, resolve_model_dir
 from prl.service import Service
 from producers.backends import TransformersBackend
 from producers.rewards import load_reward
@@ -134,11 +134,9 @@ class Learner(Service):
 
     def save(self) -> None:
         state = {"last_batch_seq": self.last_seq, "rollouts_generated": self.rollouts_generated, "counters": self.counters}
-        weights = distributed.full_weights(self.model, self.dist)
-        if weights and getattr(self.model.config, "tie_word_embeddings", False):
-            weights.pop("lm_head.weight", None)
+        weights = distributed.full_weights(self.model, self.dist)  # {} on ranks other than 0
         self.checkpoint_uri = checkpoint.write_checkpoint(
-            self.cfg.run.run_dir, self.version, {k: v.detach().contiguous() for k, v in weights.items()},
+            self.cfg.run.run_dir, self.version, export_state(self.model, weights) if weights else {},
             self.optimizer, state, resolve_model_dir(self.cfg.model.path), self.cfg.learner.keep_checkpoints, self.dist,
         )
         if self.is_main:  # offsets move with checkpoints: a restart re-reads what the checkpoint lacks

@@ -44,9 +44,10 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(resolve_model_dir(path))
 
 
-def export_state(model) -> dict:
-    """Weights to save: HF layout, tied output embeddings left out (loaders re-tie them)."""
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+def export_state(model, state: dict | None = None) -> dict:
+    """Weights to save (``state``, default the model's own): HF layout, tied output
+    embeddings left out (loaders re-tie them)."""
+    state = {k: v.detach().contiguous() for k, v in (model.state_dict() if state is None else state).items()}
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     return state

@@ -7,6 +7,18 @@ import io
 import fsspec
 
 
+def save_png(fig, out_uri: str, dpi: int) -> None:
+    """Write a matplotlib figure as PNG to a path or fsspec URI, and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    with fsspec.open(out_uri, "wb") as f:
+        f.write(buf.getvalue())
+
+
 def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accuracy") -> None:
     """Held-out accuracy (overall and per difficulty) against rollouts generated."""
     import matplotlib
@@ -29,12 +41,7 @@ def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accura
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    with fsspec.open(out_uri, "wb") as f:
-        f.write(buf.getvalue())
+    save_png(fig, out_uri, dpi=110)
 
 
 def priority_histogram(priorities, success_rates, out_uri: str, title: str = "scheduler") -> None:
@@ -54,9 +61,4 @@ def priority_histogram(priorities, success_rates, out_uri: str, title: str = "sc
     b.hist(tested, bins=20, range=(0, 1), color="tab:green")
     b.set_xlabel(f"observed success rate ({len(tested):,} tested problems)")
     fig.suptitle(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    with fsspec.open(out_uri, "wb") as f:
-        f.write(buf.getvalue())
+    save_png(fig, out_uri, dpi=100)
