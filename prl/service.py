@@ -45,9 +45,12 @@ class Service:
                 raise DecodeError("oversized", f"{len(msg.value)} bytes > {limit}")
             return decode(msg.value, expected)
         except DecodeError as exc:
-            self.count(f"dead_lettered/{exc.reason}")
-            dead_letter(self.publisher, self.cfg.run.name, msg, exc, self.name)
+            self.dead_letter(msg, exc)
             return None
+
+    def dead_letter(self, msg: Message, error: DecodeError) -> None:
+        self.count(f"dead_lettered/{error.reason}")
+        dead_letter(self.publisher, self.cfg.run.name, msg, error, self.name, self.cfg.transport.kafka.max_message_bytes)
 
     def emit(self, values: dict, **context) -> None:
         if self.metrics is not None:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from prl.plots import priority_histogram
-from prl.deadletter import dead_letter
 from prl.service import Service
 from prl.tasks import train_problems
 from scheduler.advantages import has_signal
@@ -92,8 +91,7 @@ class Scheduler(Service):
         for msg in msgs:
             group = self.decode_or_dead_letter(msg, RolloutGroup)
             if group is not None and group.problem_id not in self.index:
-                self.count("dead_lettered/unknown_problem")
-                dead_letter(self.publisher, self.cfg.run.name, msg, DecodeError("unknown_problem", group.problem_id), self.name)
+                self.dead_letter(msg, DecodeError("unknown_problem", group.problem_id))
                 continue
             if group is not None:
                 problem = self.accept(group)
