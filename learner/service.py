@@ -4,7 +4,8 @@ checkpoint to object storage, announce the new policy version.
 Loop, top to bottom:
   1. poll the batch topic (one batch at a time; under torchrun rank 0 polls and broadcasts);
   2. skip a batch whose sequence number was already trained (at-least-once delivery);
-  3. drop rollouts older than tau_max (counted), train on the rest;
+  3. drop rollouts older than tau_max and fresh rollouts already trained (both counted),
+     train on the rest;
   4. every ``checkpoint_every`` steps write a checkpoint and commit the batch offsets it
      covers (so a restarted learner neither skips nor repeats a batch); publish PolicyVersion;
   5. evaluate on the held-out set every ``eval_every`` steps.
@@ -13,6 +14,7 @@ Loop, top to bottom:
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 from learner import checkpoint, distributed
 from learner.evaluate import heldout_accuracy
@@ -25,6 +27,9 @@ from producers.rewards import load_reward
 from prl.tasks import heldout_problems
 from schemas import PolicyVersion, TrainBatch, decode, encode, headers
 from schemas.topics import BATCHES, POLICY
+
+
+TRAINED_MEMORY = 20_000  # fresh rollout ids remembered (and checkpointed) to refuse a second training
 
 
 class Learner(Service):
@@ -43,6 +48,7 @@ class Learner(Service):
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.version, self.last_seq, self.rollouts_generated, self.checkpoint_uri = 0, -1, 0, ""
+        self.trained: OrderedDict[str, None] = OrderedDict()  # fresh rollout ids, newest last
         latest = checkpoint.latest_uri(cfg.run.run_dir)
         state = checkpoint.read_state(latest) if latest else None
         if latest:  # weights first, into the whole model; then shard; then the optimizer
@@ -56,6 +62,7 @@ class Learner(Service):
             checkpoint.load_optimizer(latest, self.optimizer, state, self.dist)
             self.version, self.last_seq = state["step"], state["last_batch_seq"]
             self.rollouts_generated = state.get("rollouts_generated", 0)
+            self.trained = OrderedDict.fromkeys(state.get("trained_rollouts", []))
             self.checkpoint_uri = latest
             self.log.info("resumed", version=self.version, last_batch_seq=self.last_seq, from_world=state.get("world_size", 1))
         self.log.info("memory", **distributed.memory_report(self.model, self.dist))
@@ -102,12 +109,16 @@ class Learner(Service):
             self.log.info("duplicate_batch_skipped", seq=batch.seq, last_seq=self.last_seq)
             return
         tau_max = self.cfg.scheduler.tau_max
-        usable = [r for r in batch.rollouts if self.version - r.policy_version <= tau_max]
-        self.count("stale_dropped", len(batch.rollouts) - len(usable))
+        fresh_enough = [r for r in batch.rollouts if self.version - r.policy_version <= tau_max]
+        usable = [r for r in fresh_enough if r.is_replay or r.rollout_id not in self.trained]
+        stale, repeats = len(batch.rollouts) - len(fresh_enough), len(fresh_enough) - len(usable)
+        self.count("stale_dropped", stale)
+        self.count("repeat_dropped", repeats)
         self.rollouts_generated = max(self.rollouts_generated, batch.rollouts_generated)
         if not usable:
             self.last_seq = batch.seq
             return
+        self.remember_trained(usable)
         t0 = time.perf_counter()
         stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist)
         ages = [self.version - r.policy_version for r in usable]
@@ -127,13 +138,22 @@ class Learner(Service):
         self.announce()
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
         if self.is_main:
-            self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3), rollouts=len(usable))
+            self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3),
+                          rollouts=len(usable), batch_seq=batch.seq, batch_id=batch.batch_id, stale=stale, repeats=repeats)
         every = self.cfg.learner.eval_every
         if every and self.heldout and (self.version % every == 0 or self.version >= self.cfg.learner.max_steps):
             self.evaluate()
 
+    def remember_trained(self, rollouts) -> None:
+        for r in rollouts:
+            if not r.is_replay:
+                self.trained[r.rollout_id] = None
+        while len(self.trained) > TRAINED_MEMORY:
+            self.trained.popitem(last=False)
+
     def save(self) -> None:
-        state = {"last_batch_seq": self.last_seq, "rollouts_generated": self.rollouts_generated, "counters": self.counters}
+        state = {"last_batch_seq": self.last_seq, "rollouts_generated": self.rollouts_generated, "counters": self.counters,
+                 "trained_rollouts": list(self.trained)}
         weights = distributed.full_weights(self.model, self.dist)  # {} on ranks other than 0
         self.checkpoint_uri = checkpoint.write_checkpoint(
             self.cfg.run.run_dir, self.version, export_state(self.model, weights) if weights else {},

@@ -1,7 +1,9 @@
-"""Print the configuration reference (Markdown) from the config model's field docs:
-``python -m prl.docs`` regenerates the table in README.md."""
+"""The configuration reference (Markdown) from the config model's field docs:
+``python -m prl.docs`` rewrites the table in README.md in place."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -22,5 +24,12 @@ def reference() -> str:
     return "\n".join(["| key | default | meaning |", "|---|---|---|", *rows(Config)])
 
 
+def update_readme(path: Path = Path(__file__).resolve().parents[1] / "README.md") -> None:
+    lines = path.read_text().splitlines()
+    start = lines.index("| key | default | meaning |")
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    path.write_text("\n".join(lines[:start] + reference().splitlines() + lines[end:]) + "\n")
+
+
 if __name__ == "__main__":
-    print(reference())
+    update_readme()

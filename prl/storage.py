@@ -73,6 +73,12 @@ def latest_uri(root: str) -> str | None:
     return None if latest is None else root.rstrip("/") + "/" + latest["name"]
 
 
+def has_file(uri: str, fname: str) -> bool:
+    """Whether the manifest of ``uri`` lists ``fname``."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    return fname in json.loads(fs.cat_file(f"{path}/manifest.json"))
+
+
 def read_verified(uri: str, fname: str) -> bytes:
     """One file of a versioned directory, checked against its manifest."""
     fs, path = fsspec.core.url_to_fs(uri)

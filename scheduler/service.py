@@ -26,10 +26,11 @@ from scheduler.batches import compose_batch
 from scheduler.replay import ReplayBuffer
 from scheduler.samplers import make_sampler
 from scheduler.snapshot import read_snapshot, write_snapshot
-from schemas import DecodeError, Dispatch, PolicyVersion, RolloutGroup, Sampling, encode, headers
+from schemas import DecodeError, Dispatch, PolicyVersion, RolloutGroup, Sampling, TrainBatch, encode, headers
 from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 ANSWERED_MEMORY = 100_000  # dispatch ids remembered to recognise duplicate results
+HISTOGRAM_EVERY_S = 60.0  # the priority histogram PNG is redrawn at most this often
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Scheduler(Service):
         self.groups_returned = 0
         self.groups_with_signal = 0
         self.started_at = time.time()
+        self.histogram_at = float("-inf")
         self.restore()
         self.rollouts = transport.subscriber([self.topic(ROLLOUTS)], group=f"{cfg.run.name}.scheduler")
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
@@ -153,13 +155,16 @@ class Scheduler(Service):
             batch = comp.batch
             if batch is None:
                 continue
-            self.publisher.publish(self.topic(BATCHES), encode(batch), headers=headers(batch))
-            self.publisher.flush()
             self.next_seq += 1
-            self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
             every = self.cfg.scheduler.snapshot_every
             if every and self.next_seq % every == 0:
-                self.snapshot()
+                self.snapshot(pending=batch)  # on storage before it is on the topic
+            self.publish_batch(batch)
+            self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
+
+    def publish_batch(self, batch: TrainBatch) -> None:
+        self.publisher.publish(self.topic(BATCHES), encode(batch), headers=headers(batch))
+        self.publisher.flush()
 
     def batches_ahead(self) -> int:
         return self.next_seq - (self.learner_last_seq + 1)
@@ -197,7 +202,7 @@ class Scheduler(Service):
             "replay": replay_state,
         }
 
-    def load_state_dict(self, state: dict, fresh: list[RolloutGroup], replay: list) -> None:
+    def load_state_dict(self, state: dict, fresh: list[RolloutGroup], replay: list, pending: TrainBatch | None = None) -> None:
         for name in self.SCALARS:
             setattr(self, name, state[name])
         self.in_flight = {did: InFlight(*v) for did, v in state["in_flight"].items()}
@@ -207,21 +212,29 @@ class Scheduler(Service):
         if self.replay is not None and state.get("replay"):
             self.replay.load_state_dict(state["replay"], replay)
 
-    def snapshot(self) -> None:
-        """Write the state, then commit the rollout offsets it covers."""
+    def snapshot(self, pending: TrainBatch | None = None) -> None:
+        """Write the state (and the batch about to be published), then commit the rollout
+        offsets it covers."""
         replay = self.replay.state_dict()[1] if self.replay else []
-        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay)
+        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending)
         self.rollouts.commit()
-        priority_histogram(self.sampler.priorities(), self.sampler.success_rates(),
-                           self.cfg.run.run_dir.rstrip("/") + "/priority_histogram.png",
-                           f"scheduler at batch {self.next_seq} ({self.cfg.scheduler.strategy})")
+        if time.monotonic() - self.histogram_at >= HISTOGRAM_EVERY_S:
+            self.histogram_at = time.monotonic()
+            priority_histogram(self.sampler.priorities(), self.sampler.success_rates(),
+                               self.cfg.run.run_dir.rstrip("/") + "/priority_histogram.png",
+                               f"scheduler at batch {self.next_seq} ({self.cfg.scheduler.strategy})")
         self.log.info("snapshot_written", uri=uri, seq=self.next_seq, in_flight=len(self.in_flight))
 
     def restore(self) -> None:
         snap = read_snapshot(self.cfg.run.run_dir)
-        if snap is not None:
-            self.load_state_dict(*snap)
-            self.log.info("snapshot_restored", seq=self.next_seq, in_flight=len(self.in_flight), fresh=len(self.fresh))
+        if snap is None:
+            return
+        self.load_state_dict(*snap)
+        pending = snap[3]
+        if pending is not None:  # it may or may not have reached the topic before the restart
+            self.publish_batch(pending)
+        self.log.info("snapshot_restored", seq=self.next_seq, in_flight=len(self.in_flight), fresh=len(self.fresh),
+                      republished_seq=pending.seq if pending is not None else None)
 
     def batch_metrics(self, batch) -> dict:
         rates = self.sampler.success_rates()

@@ -3,10 +3,14 @@
 ``<run_dir>/scheduler/snap-00000042/`` (42 = the next batch sequence number) holds
 ``state.json`` (in-flight table, counters, the sampler's small state), ``arrays.safetensors``
 (the sampler's per-problem arrays), ``fresh.arrow`` (accepted rollout groups not yet in a
-batch) and ``replay.arrow`` (the replay buffer's rollouts, as one TrainBatch record), then
-``manifest.json``; ``latest`` is written last (prl/storage.py). The scheduler
-commits its rollout offsets right after a snapshot, so a restart resumes from the snapshot
-and re-reads exactly the results that arrived after it.
+batch), ``replay.arrow`` (the replay buffer's rollouts, as one TrainBatch record) and
+``pending.arrow`` (the batch composed with this state, not yet known to be on the topic),
+then ``manifest.json``; ``latest`` is written last (prl/storage.py).
+
+The scheduler snapshots *before* publishing the batch and commits its rollout offsets right
+after the snapshot. A restart resumes from the snapshot, re-reads exactly the results that
+arrived after it, and publishes the pending batch again (same seq, same rollouts: the
+learner skips it if it already has it), so no batch is lost and none is composed twice.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def join_arrays(rest: dict, arrays: dict, prefix: str = "") -> dict:
 
 
 def write_snapshot(run_dir: str, seq: int, state: dict, fresh: list[RolloutGroup], replay: list[TrainRollout],
-                   keep: int = 2) -> str:
+                   pending: TrainBatch | None = None, keep: int = 2) -> str:
     from safetensors.numpy import save
 
     arrays, rest = split_arrays(state)
@@ -60,11 +64,12 @@ def write_snapshot(run_dir: str, seq: int, state: dict, fresh: list[RolloutGroup
         "arrays.safetensors": save(arrays) if arrays else save({"_": np.zeros(1)}),
         "fresh.arrow": encode_table(to_table(fresh, RolloutGroup)),
         "replay.arrow": encode(TrainBatch("replay-buffer", seq, 0, 0, replay)),
+        **({"pending.arrow": encode(pending)} if pending is not None else {}),
     }
     return storage.write_versioned(root(run_dir), f"snap-{seq:08d}", files, keep, meta={"seq": seq})
 
 
-def read_snapshot(run_dir: str) -> tuple[dict, list[RolloutGroup], list[TrainRollout]] | None:
+def read_snapshot(run_dir: str) -> tuple[dict, list[RolloutGroup], list[TrainRollout], TrainBatch | None] | None:
     from safetensors.numpy import load
 
     uri = storage.latest_uri(root(run_dir))
@@ -74,4 +79,5 @@ def read_snapshot(run_dir: str) -> tuple[dict, list[RolloutGroup], list[TrainRol
     arrays = {k: v for k, v in load(storage.read_verified(uri, "arrays.safetensors")).items() if k != "_"}
     fresh = decode_many(storage.read_verified(uri, "fresh.arrow"), RolloutGroup)
     replay = decode(storage.read_verified(uri, "replay.arrow"), TrainBatch).rollouts
-    return join_arrays(rest, arrays), fresh, replay
+    pending = decode(storage.read_verified(uri, "pending.arrow"), TrainBatch) if storage.has_file(uri, "pending.arrow") else None
+    return join_arrays(rest, arrays), fresh, replay, pending

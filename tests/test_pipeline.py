@@ -95,8 +95,8 @@ def test_scheduler_snapshot_restores_state(tmp_path):
     taken = {}
     original = scheduler.snapshot
 
-    def snapshot():
-        original()
+    def snapshot(pending=None):
+        original(pending)
         taken["state"] = json.loads(json.dumps(scheduler.state_dict(), default=lambda a: a.tolist()))
         taken["fresh"] = [g.dispatch_id for g in scheduler.fresh]
         taken["replay"] = [r.rollout_id for r in scheduler.replay.state_dict()[1]]
