@@ -1,0 +1,229 @@
+"""Faults over a real broker and a real S3 server: scheduler, two producers and learner run as
+`prl` processes with checkpoints and snapshots on S3; each service is killed with SIGKILL in
+turn (and, separately, the broker is killed and restarted on its S3 storage). Then:
+
+- no dispatched problem was lost: each dispatch was answered, dispatched again later, or is
+  in flight in the scheduler's last snapshot;
+- no fresh rollout was trained twice, none more than tau_max versions old;
+- the learner's steps are contiguous across restarts (each restart continues at the step after
+  its checkpoint) and its batches come in increasing sequence order.
+"""
+
+import json
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from learner import checkpoint
+from prl.transport.kafka import KafkaTransport
+from scheduler.snapshot import read_snapshot
+from schemas import Dispatch, RolloutGroup, TrainBatch, decode
+from schemas.config import KafkaConfig
+from schemas.topics import BATCHES, PROBLEMS, ROLLOUTS, topic_name
+from tests.support.servers import KafkaBroker, Process, S3Server, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+MAX_STEPS = 14
+TAU_MAX = 10
+SERVICES = ("scheduler", "producer-0", "producer-1", "learner")
+
+
+@pytest.fixture
+def s3(monkeypatch, tmp_path):
+    server = S3Server(log_path=tmp_path / "s3.log")
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": server.endpoint, "AWS_ENDPOINT": server.endpoint, "AWS_ALLOW_HTTP": "true"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for bucket in ("prl-broker", "prl-runs"):
+        server.create_bucket(bucket)
+    yield env
+    server.stop()
+
+
+class Cluster:
+    """The four services as processes, each restartable; logs as <name>.<start>.log."""
+
+    def __init__(self, tmp_path: Path, broker: KafkaBroker, run_name: str):
+        self.dir = tmp_path
+        self.run_dir = f"s3://prl-runs/{run_name}"
+        self.run_name = run_name
+        self.broker = broker
+        self.config = tmp_path / "config.toml"
+        self.config.write_text(f"""
+[run]
+name = "{run_name}"
+run_dir = "{self.run_dir}"
+log_format = "json"
+[transport]
+type = "kafka"
+[transport.kafka]
+bootstrap_servers = "{broker.bootstrap}"
+session_timeout_ms = 3000
+[scheduler]
+groups_per_batch = 4
+max_in_flight = 8
+tau_max = {TAU_MAX}
+snapshot_every = 1
+dispatch_timeout_s = 20
+[scheduler.replay]
+warmup_updates = 4
+[producer]
+max_dispatches_per_call = 4
+threads = 1
+[learner]
+max_steps = {MAX_STEPS}
+eval_every = 0
+checkpoint_every = 1
+threads = 1
+""")
+        self.procs: dict[str, Process] = {}
+        self.starts: Counter = Counter()
+
+    def start(self, name: str) -> None:
+        service, _, index = name.partition("-")
+        extra = ["--set", f'producer.producer_id="{name}"'] if index else []
+        log = self.dir / f"{name}.{self.starts[name]}.log"
+        self.starts[name] += 1
+        self.procs[name] = Process([sys.executable, "-m", "prl.cli", service, "--config", str(self.config), *extra],
+                                   log_path=log)
+
+    def kill(self, name: str) -> None:
+        self.procs[name].stop(signal.SIGKILL)
+
+    def step(self) -> int:
+        latest = checkpoint.read_latest(self.run_dir)
+        return latest["step"] if latest else 0
+
+    def wait_for_step(self, step: int, timeout_s: float = 300) -> None:
+        def reached():
+            for name, p in self.procs.items():
+                assert p.proc.poll() is None or name == "learner", f"{name} exited:\n{self.tail(name)}"
+            return self.step() >= step
+        wait_until(reached, timeout_s, f"learner step {step}", 0.5)
+
+    def finish(self) -> None:
+        wait_until(lambda: self.procs["learner"].proc.poll() is not None, 300, "the learner to finish", 0.5)
+        assert self.procs["learner"].proc.returncode == 0, self.tail("learner")
+        for name, p in self.procs.items():
+            assert p.stop() == 0 or name == "learner", f"{name}:\n{self.tail(name)}"
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            p.stop(signal.SIGKILL)
+
+    def logs(self, name: str) -> list[list[dict]]:
+        """JSON log lines of each start of ``name``, in order."""
+        out = []
+        for i in range(self.starts[name]):
+            lines = (self.dir / f"{name}.{i}.log").read_text().splitlines()
+            out.append([json.loads(line) for line in lines if line.startswith("{")])
+        return out
+
+    def tail(self, name: str) -> str:
+        return (self.dir / f"{name}.{self.starts[name] - 1}.log").read_text()[-3000:]
+
+
+def read_topic(bootstrap: str, topic: str, cls) -> list:
+    """Every record on ``topic`` (the services have stopped: an idle poll means the end)."""
+    transport = KafkaTransport(KafkaConfig(bootstrap_servers=bootstrap))
+    sub = transport.subscriber([topic], group=None)
+    msgs = []
+    try:
+        while batch := sub.poll(3.0, max_records=5000):
+            msgs += batch
+    finally:
+        sub.close()
+    return [decode(m.value, cls) for m in msgs]
+
+
+def check_invariants(cluster: Cluster) -> dict:
+    name = cluster.run_name
+    dispatches = read_topic(cluster.broker.bootstrap, topic_name(name, PROBLEMS), Dispatch)
+    groups = read_topic(cluster.broker.bootstrap, topic_name(name, ROLLOUTS), RolloutGroup)
+    batches = read_topic(cluster.broker.bootstrap, topic_name(name, BATCHES), TrainBatch)
+
+    # No dispatched problem lost.
+    answered = {g.dispatch_id for g in groups}
+    in_flight = set(read_snapshot(cluster.run_dir)[0]["in_flight"])
+    last_issued: dict[str, float] = {}
+    for d in dispatches:
+        last_issued[d.problem_id] = max(last_issued.get(d.problem_id, 0.0), d.issued_at)
+    lost = [d for d in dispatches
+            if d.dispatch_id not in answered and d.dispatch_id not in in_flight and last_issued[d.problem_id] == d.issued_at]
+    assert not lost, f"{len(lost)} of {len(dispatches)} dispatches lost: {lost[:3]}"
+
+    # The learner's lineage: the last "step" line for each step number (a step trained after the
+    # last checkpoint of a killed learner is trained again by its successor).
+    lineage: dict[int, dict] = {}
+    for start, lines in enumerate(cluster.logs("learner")):
+        resumed = next((ln["version"] for ln in lines if ln.get("event") == "resumed"), 0)
+        steps = [ln for ln in lines if ln.get("event") == "step"]
+        assert [s["step"] for s in steps] == list(range(resumed + 1, resumed + 1 + len(steps))), f"start {start}"
+        if start:
+            assert resumed >= 1, "a restarted learner resumes from its checkpoint"
+        for s in steps:
+            lineage[s["step"]] = s
+    assert sorted(lineage) == list(range(1, MAX_STEPS + 1))
+
+    by_id = {b.batch_id: b for b in batches}
+    seqs = [lineage[k]["batch_seq"] for k in sorted(lineage)]
+    assert seqs == sorted(set(seqs)), "batches trained out of order or twice"
+    trained: Counter = Counter()
+    for step, line in sorted(lineage.items()):
+        batch = by_id[line["batch_id"]]
+        version = step - 1
+        stale = [r for r in batch.rollouts if version - r.policy_version > TAU_MAX]
+        assert line["stale"] == len(stale)
+        assert line["repeats"] == 0, "with a snapshot per batch, no rollout is offered twice"
+        assert line["rollouts"] == len(batch.rollouts) - len(stale)
+        trained.update(r.rollout_id for r in batch.rollouts if not r.is_replay and version - r.policy_version <= TAU_MAX)
+    twice = [rid for rid, n in trained.items() if n > 1]
+    assert not twice, f"fresh rollouts trained twice: {twice[:5]}"
+    return {"dispatches": len(dispatches), "groups": len(groups), "batches": len(batches),
+            "fresh_trained": len(trained), "restarts": sum(cluster.starts.values()) - len(SERVICES)}
+
+
+def test_kill_9_each_service_in_turn(s3, tmp_path, run_name):
+    broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
+    cluster = Cluster(tmp_path, broker, run_name)
+    try:
+        for name in SERVICES:
+            cluster.start(name)
+        step = 2
+        cluster.wait_for_step(step)
+        for name in SERVICES:
+            cluster.kill(name)
+            cluster.start(name)
+            step += 3
+            cluster.wait_for_step(min(step, MAX_STEPS))
+        cluster.finish()
+        figures = check_invariants(cluster)
+    finally:
+        cluster.stop_all()
+        broker.stop()
+    print(f"\nkill -9: {figures}")
+
+
+def test_broker_restart(s3, tmp_path, run_name):
+    log = tmp_path / "broker.log"
+    broker = KafkaBroker(storage="s3://prl-broker/", env=s3, log_path=log)
+    cluster = Cluster(tmp_path, broker, run_name)
+    try:
+        for name in SERVICES:
+            cluster.start(name)
+        cluster.wait_for_step(3)
+        broker.stop(signal.SIGKILL)
+        broker = KafkaBroker(storage="s3://prl-broker/", env=s3, port=broker.port, log_path=tmp_path / "broker.1.log")
+        cluster.broker = broker
+        cluster.wait_for_step(7)
+        cluster.finish()
+        figures = check_invariants(cluster)
+    finally:
+        cluster.stop_all()
+        broker.stop()
+    print(f"\nbroker restart: {figures}")
