@@ -1,14 +1,22 @@
 """Metrics: namespaced keys (``learner/loss``, ``scheduler/groups_accepted``) appended
-as JSON lines, one file per run directory, shared by every service of a process."""
+as JSON lines, one file per run directory, shared by every service of a process.
+
+Object stores cannot append: there each process start writes its own part
+(``metrics-learner.<start time>.jsonl``), rewritten at most every ``FLUSH_EVERY_S`` and at
+exit, so a restarted service never overwrites what its predecessor wrote."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import threading
 import time
 from pathlib import Path
 
 import fsspec
+
+
+FLUSH_EVERY_S = 10.0
 
 
 class MetricsSink:
@@ -18,6 +26,11 @@ class MetricsSink:
         self.path = f"{root.rstrip('/')}/{filename}"
         if self._local:
             Path(root).mkdir(parents=True, exist_ok=True)
+        else:
+            stem, _, ext = filename.rpartition(".")
+            self.path = f"{root.rstrip('/')}/{stem}.{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**6:06d}.{ext}"
+            atexit.register(self.flush)
+        self._flushed_at = 0.0
         self._lock = threading.Lock()
         self._fs = fs
         self._buffer: list[str] = []
@@ -31,9 +44,19 @@ class MetricsSink:
             if self._local:
                 with open(self.path, "a") as f:
                     f.write(text + "\n")
-            else:  # object stores cannot append: rewrite the whole file
+            else:
                 self._buffer.append(text)
-                self._fs.pipe_file(self.path, ("\n".join(self._buffer) + "\n").encode())
+                if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
+                    self._flush_locked()
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._local and self._buffer:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        self._fs.pipe_file(self.path, ("\n".join(self._buffer) + "\n").encode())
+        self._flushed_at = time.monotonic()
 
 
 def read_metrics(path: str) -> list[dict]:
