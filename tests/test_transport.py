@@ -66,3 +66,32 @@ def test_reader_without_group_sees_everything(transport, run_name):
     assert [m.value for m in poll_until(a, 3)] == [b"\x00", b"\x01", b"\x02"]
     assert [m.value for m in poll_until(b, 3)] == [b"\x00", b"\x01", b"\x02"]
     a.close(), b.close(), pub.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_sasl_password_comes_from_the_environment_and_is_never_shown(kafka_broker, monkeypatch, capsys, caplog):
+    """The broker here speaks PLAINTEXT only, so a SASL client fails: its errors and every log
+    line must still not contain the password (read from the variable the config names)."""
+    import logging
+
+    from prl.transport import TransportError
+    from prl.transport.kafka import client_settings
+
+    secret = "hunter2-do-not-log"
+    monkeypatch.setenv("PRL_KAFKA_USERNAME", "prl")
+    monkeypatch.setenv("PRL_KAFKA_PASSWORD", secret)
+    cfg = KafkaConfig(bootstrap_servers=kafka_broker.bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN")
+    assert client_settings(cfg)["sasl_plain_password"] == secret
+    assert secret not in cfg.model_dump_json()
+    caplog.set_level(logging.DEBUG)
+    errors = []
+    try:
+        pub = KafkaTransport(cfg).publisher()
+        pub.publish("t.sasl", b"x")
+        pub.flush(timeout_s=5)
+    except (TransportError, Exception) as exc:  # kafka-python may refuse at construction
+        errors.append(repr(exc))
+    out = capsys.readouterr()
+    shown = "\n".join([*errors, out.out, out.err, caplog.text])
+    assert errors and secret not in shown
