@@ -29,6 +29,38 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     for name in ("scheduler", "producer", "learner"):
         _common(sub.add_parser(name, help=f"the {name} service over the configured transport"))
+    inspect = sub.add_parser("inspect", help="look into a run's Kafka topics")
+    isub = inspect.add_subparsers(dest="action", required=True)
+    _common(isub.add_parser("topics", help="every topic: partitions, messages, consumer groups and lag"))
+    tail = isub.add_parser("tail", help="decoded messages of a topic (kind like rollouts, or a full name)")
+    _common(tail)
+    tail.add_argument("topic")
+    tail.add_argument("--from-beginning", action="store_true", help="start at the oldest message (default: the end)")
+    tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new messages")
+    tail.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    tail.add_argument("--summary", action="store_true", help="rate, mean reward and version lag per producer only")
+    tail.add_argument("--limit", type=int, help="stop after this many shown messages")
+    tail.add_argument("--problem", help="only this problem id")
+    tail.add_argument("--producer", help="only this producer id")
+    tail.add_argument("--min-version", type=int)
+    tail.add_argument("--max-version", type=int)
+    tail.add_argument("--min-reward", type=float, help="mean reward of a group at least this")
+    tail.add_argument("--max-reward", type=float)
+    replay = sub.add_parser("replay", help="offline work on a rollout archive (default: <run_dir>/archive)")
+    rsub = replay.add_subparsers(dest="action", required=True)
+    for action, text in (("report", "success-rate trajectories, priority and age distributions, reward by version"),
+                         ("whatif", "each selection strategy on the archived outcomes, side by side"),
+                         ("publish", "archived rollouts as batches on <run>.batches, rate-limited"),
+                         ("train", "the learner offline on the archived rollouts")):
+        r = rsub.add_parser(action, help=text)
+        _common(r)
+        r.add_argument("archive", nargs="?", help="archive path or URI (default: <run_dir>/archive)")
+        r.add_argument("--no-progress", action="store_true")
+        if action in ("report", "whatif"):
+            r.add_argument("--out", help="where the PNGs go (default: <run_dir>/replay)")
+            r.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+        if action == "publish":
+            r.add_argument("--rate", type=float, default=10.0, help="batches per second at most (0: unlimited)")
     cfg = sub.add_parser("config", help="print the validated config as TOML")
     _common(cfg)
     bench = sub.add_parser("bench", help="benchmarks (benchmarks/*.py); `prl bench NAME --help`")
@@ -79,7 +111,58 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_pipeline(cfg, progress=not args.no_progress)
         print(json.dumps({k: v for k, v in summary.items()}, indent=2))
         return 0
+    if args.command == "inspect":
+        return run_inspect(args, cfg)
+    if args.command == "replay":
+        return run_replay(args, cfg)
     return run_service(args.command, cfg)
+
+
+def run_inspect(args, cfg) -> int:
+    from prl import inspect
+
+    if cfg.transport.type != "kafka":
+        print("prl inspect reads Kafka topics: set transport.type = \"kafka\"", file=sys.stderr)
+        return 2
+    if args.action == "topics":
+        print(inspect.format_topics(inspect.topic_report(cfg)))
+        return 0
+    flt = inspect.TailFilter(args.problem, args.min_version, args.max_version, args.min_reward, args.max_reward, args.producer)
+    try:
+        inspect.tail(cfg, args.topic, flt=flt, from_beginning=args.from_beginning, follow=args.follow, as_json=args.json,
+                     summary=args.summary, limit=args.limit)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def run_replay(args, cfg) -> int:
+    from prl import replay
+    from scheduler.archive import root as archive_root
+
+    uri = args.archive or archive_root(cfg.run.run_dir)
+    progress = not args.no_progress
+    if args.action in ("report", "whatif"):
+        out = args.out or cfg.run.run_dir.rstrip("/") + "/replay"
+        if args.action == "report":
+            result = replay.report(uri, out)
+            print(replay.format_report(result))
+        else:
+            result = replay.whatif(uri, out, seed=cfg.run.seed, progress=progress)
+            print(replay.format_whatif(result))
+            print(f"\nwrote {out}/whatif.png")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        return 0
+    if args.action == "publish":
+        from prl.transport import make_transport
+
+        n = replay.publish(cfg, make_transport(cfg.transport), uri, args.rate, progress)
+        print(f"published {n} batches to {cfg.run.name}.batches")
+        return 0
+    print(json.dumps(replay.train(cfg, uri, progress), indent=2))
+    return 0
 
 
 def run_service(name: str, cfg) -> int:

@@ -25,6 +25,8 @@ from scheduler.advantages import has_signal
 from scheduler.batches import compose_batch
 from scheduler.replay import ReplayBuffer
 from scheduler.samplers import make_sampler
+from scheduler.archive import RolloutArchive
+from scheduler.archive import root as archive_root
 from scheduler.snapshot import read_snapshot, write_snapshot
 from schemas import DecodeError, Dispatch, PolicyVersion, RolloutGroup, Sampling, TrainBatch, encode, headers
 from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
@@ -66,6 +68,7 @@ class Scheduler(Service):
         self.groups_with_signal = 0
         self.started_at = time.time()
         self.histogram_at = float("-inf")
+        self.archive = RolloutArchive(archive_root(cfg.run.run_dir), cfg.scheduler.archive_max_rows) if cfg.scheduler.archive else None
         self.restore()
         self.rollouts = transport.subscriber([self.topic(ROLLOUTS)], group=f"{cfg.run.name}.scheduler")
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
@@ -111,6 +114,8 @@ class Scheduler(Service):
             self.count("duplicate_or_unknown_results")
             return None
         self.remember_answered(group.dispatch_id)
+        if self.archive is not None:
+            self.archive.add(group, self.learner_version)
         if group.error:
             self.count("problems_retired")
             self.sampler.retire(flight.problem)
@@ -262,6 +267,8 @@ class Scheduler(Service):
                 "rollouts_generated": self.rollouts_generated, **self.sampler.metrics()}
 
     def close(self) -> None:
+        if self.archive is not None:
+            self.archive.close()
         self.rollouts.close()
         self.policy.close()
         super().close()

@@ -112,6 +112,8 @@ class SchedulerConfig(Section):
     filter_zero_variance: bool | None = Field(None, description="Drop groups whose rewards are all equal; unset: off for uniform, on otherwise.")
     tau_max: int = Field(10, ge=0, description="Rollouts more than tau_max policy versions old are never trained on.")
     max_batches_ahead: int = Field(2, ge=1, description="Batches published but not yet trained, at most.")
+    archive: bool = Field(True, description="Write every accepted rollout group to Parquet under <run_dir>/archive (scheduler/archive.py documents the schema).")
+    archive_max_rows: int = Field(10_000, ge=1, description="Rollout groups per archive file, at most.")
     snapshot_every: int = Field(1, ge=0, description="Snapshot state to <run_dir>/scheduler every N batches (0: never). 1 makes restarts exact; with N > 1 a restart recomposes up to N-1 batches and the learner drops the rollouts it already trained.")
 
 

@@ -1,0 +1,246 @@
+"""Look into a run's Kafka topics: `prl inspect topics` and `prl inspect tail TOPIC`.
+
+End offsets come from the high watermark in fetch responses (``consumer.highwater``), not
+from ListOffsets: some brokers (tansu, the test broker) answer ListOffsets "latest" wrongly
+when a batch holds several records. The ListOffsets answer is reported next to it, so a
+disagreement is visible.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from schemas import DecodeError, decode
+from schemas.topics import TOPICS, topic_name
+
+HIGHWATER = "fetch high watermark"
+
+
+def _consumer(cfg):
+    from kafka import KafkaConsumer
+
+    from prl.transport.kafka import client_settings
+
+    return KafkaConsumer(**client_settings(cfg), group_id=None, enable_auto_commit=False,
+                         fetch_max_bytes=cfg.max_message_bytes, max_partition_fetch_bytes=cfg.max_message_bytes)
+
+
+def end_offsets(consumer, tps: list, timeout_s: float = 15.0) -> dict:
+    """High watermark of every partition, read from fetch responses (one fetch each)."""
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        known = {tp: consumer.highwater(tp) for tp in tps}
+        if all(v is not None for v in known.values()):
+            return known
+        consumer.poll(timeout_ms=200, max_records=1)
+    missing = [f"{tp.topic}[{tp.partition}]" for tp in tps if consumer.highwater(tp) is None]
+    raise TimeoutError(f"no fetch response for {missing} within {timeout_s}s")
+
+
+@dataclass
+class TopicRow:
+    topic: str
+    partitions: int
+    messages: int
+    end_offsets: list[int]
+    list_offsets_end: list[int]
+    groups: dict[str, int]  # consumer group -> lag (messages not yet committed)
+
+
+def topic_report(cfg) -> list[TopicRow]:
+    """Every topic of the run: partitions, messages, and each consumer group's lag."""
+    from kafka import KafkaAdminClient, TopicPartition
+
+    from prl.transport.kafka import client_settings
+
+    kcfg = cfg.transport.kafka
+    consumer = _consumer(kcfg)
+    admin = KafkaAdminClient(**client_settings(kcfg))
+    try:
+        names = [topic_name(cfg.run.name, kind) for kind in TOPICS]
+        existing = consumer.topics()
+        tps = {n: [TopicPartition(n, p) for p in sorted(consumer.partitions_for_topic(n) or [])] for n in names if n in existing}
+        all_tps = [tp for group in tps.values() for tp in group]
+        ends = end_offsets(consumer, all_tps) if all_tps else {}
+        starts = consumer.beginning_offsets(all_tps) if all_tps else {}
+        listed = consumer.end_offsets(all_tps) if all_tps else {}
+        committed: dict[str, dict] = {}
+        for group in sorted(g["group_id"] for g in admin.list_groups()):
+            if group.startswith(cfg.run.name + "."):
+                offsets = admin.list_group_offsets({group: None}).get(group, {})
+                committed[group] = {tp: o.offset for tp, o in offsets.items() if o.offset >= 0}
+        rows = []
+        for name, parts in tps.items():
+            lags = {}  # a partition the group never committed counts from its start
+            for group, offsets in committed.items():
+                if any(tp in offsets for tp in parts):
+                    lags[group] = sum(ends[tp] - max(offsets.get(tp, starts[tp]), starts[tp]) for tp in parts)
+            rows.append(TopicRow(name, len(parts), sum(ends[tp] - starts[tp] for tp in parts), [ends[tp] for tp in parts],
+                                 [listed[tp] for tp in parts], lags))
+        return rows
+    finally:
+        consumer.close()
+        admin.close()
+
+
+def format_topics(rows: list[TopicRow]) -> str:
+    out = [f"end offsets: {HIGHWATER} (ListOffsets shown where it disagrees)", "",
+           f"{'topic':<32} {'parts':>5} {'messages':>9}  consumer groups (lag)"]
+    for r in rows:
+        groups = ", ".join(f"{g} ({lag})" for g, lag in sorted(r.groups.items())) or "-"
+        out.append(f"{r.topic:<32} {r.partitions:>5} {r.messages:>9}  {groups}")
+        if r.list_offsets_end != r.end_offsets:
+            out.append(f"{'':<32} ListOffsets says end offsets {r.list_offsets_end}, fetches say {r.end_offsets}")
+    return "\n".join(out)
+
+
+# -- tail -----------------------------------------------------------------------------------
+@dataclass
+class TailFilter:
+    problem: str | None = None
+    min_version: int | None = None
+    max_version: int | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    producer: str | None = None
+
+    def keep(self, record) -> bool:
+        version = getattr(record, "policy_version", getattr(record, "version", None))
+        if self.problem is not None and getattr(record, "problem_id", None) != self.problem:
+            return False
+        if self.producer is not None and getattr(record, "producer_id", None) != self.producer:
+            return False
+        if version is not None and self.min_version is not None and version < self.min_version:
+            return False
+        if version is not None and self.max_version is not None and version > self.max_version:
+            return False
+        rewards = getattr(record, "rewards", None)
+        if rewards is not None and (self.min_reward is not None or self.max_reward is not None):
+            mean = sum(rewards) / len(rewards) if rewards else 0.0
+            if (self.min_reward is not None and mean < self.min_reward) or (self.max_reward is not None and mean > self.max_reward):
+                return False
+        return True
+
+
+def describe(record) -> dict:
+    """A flat, readable view of one record (long token lists summarised)."""
+    out = {"kind": record.KIND}
+    for name, value in vars(record).items():
+        if name == "rollouts":
+            rewards = [getattr(r, "reward", None) for r in value]
+            out["n"] = len(value)
+            out["mean_reward"] = round(sum(rewards) / len(rewards), 4) if rewards else None
+            texts = [getattr(r, "text", "") for r in value if getattr(r, "text", "")]
+            if texts:
+                out["first_text"] = texts[0][:40]
+        elif isinstance(value, bytes):
+            out[name] = f"<{len(value)} bytes>"
+        elif isinstance(value, list) and len(value) > 8:
+            out[name] = f"<{len(value)} items>"
+        elif hasattr(value, "__dataclass_fields__"):
+            out[name] = vars(value)
+        else:
+            out[name] = value
+    return out
+
+
+def decode_for_tail(value: bytes) -> tuple[object | None, str | None]:
+    try:
+        return decode(value), None
+    except DecodeError as exc:
+        return None, f"{exc.reason}: {exc.detail}"[:200]
+
+
+class Summary:
+    """Rate, mean reward and version lag per producer (rollout groups), counts otherwise."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.by_producer: dict[str, list] = defaultdict(lambda: [0, 0.0, 0])  # groups, reward sum, rollouts
+        self.versions: dict[str, list[int]] = defaultdict(list)
+        self.newest_version = 0
+        self.kinds: dict[str, int] = defaultdict(int)
+        self.undecodable = 0
+
+    def add(self, record) -> None:
+        self.kinds[record.KIND] += 1
+        if record.KIND == "rollout_group" and record.rollouts:
+            s = self.by_producer[record.producer_id]
+            s[0] += 1
+            s[1] += sum(record.rewards)
+            s[2] += len(record.rollouts)
+            self.versions[record.producer_id].append(record.policy_version)
+            self.newest_version = max(self.newest_version, record.policy_version)
+
+    def render(self) -> str:
+        seconds = max(1e-9, time.monotonic() - self.started)
+        lines = [f"messages: {dict(self.kinds)}, undecodable: {self.undecodable}"]
+        if self.by_producer:
+            lines.append(f"{'producer':<16} {'groups':>7} {'groups/s':>9} {'mean reward':>12} {'version lag':>12}")
+            for pid, (groups, rsum, n) in sorted(self.by_producer.items()):
+                lag = self.newest_version - sum(self.versions[pid]) / len(self.versions[pid])
+                lines.append(f"{pid:<16} {groups:>7} {groups / seconds:>9.2f} {rsum / n:>12.3f} {lag:>12.2f}")
+        return "\n".join(lines)
+
+
+def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool, as_json: bool, summary: bool,
+         limit: int | None, out=sys.stdout) -> int:
+    """Print the topic's messages (decoded and filtered); return how many were shown."""
+    from kafka import TopicPartition
+
+    name = topic if "." in topic else topic_name(cfg.run.name, topic)
+    consumer = _consumer(cfg.transport.kafka)
+    shown = 0
+    stats = Summary()
+    try:
+        tps = [TopicPartition(name, p) for p in sorted(consumer.partitions_for_topic(name) or [])]
+        if not tps:
+            raise SystemExit(f"prl: no topic {name}")
+        ends = end_offsets(consumer, tps)
+        if from_beginning:
+            consumer.seek_to_beginning(*tps)
+        else:
+            for tp in tps:
+                consumer.seek(tp, ends[tp])
+        while True:
+            batches = consumer.poll(timeout_ms=500, max_records=500)
+            for tp_msgs in batches.values():
+                for m in tp_msgs:
+                    record, error = decode_for_tail(m.value)
+                    if record is None:
+                        stats.undecodable += 1
+                        row = {"partition": m.partition, "offset": m.offset, "undecodable": error}
+                    elif not flt.keep(record):
+                        continue
+                    else:
+                        stats.add(record)
+                        row = {"partition": m.partition, "offset": m.offset, **describe(record)}
+                    if not summary:
+                        print(json.dumps(row, default=str) if as_json else format_row(row), file=out)
+                    shown += 1
+                    if limit is not None and shown >= limit:
+                        return shown
+            if not follow and all(consumer.position(tp) >= consumer.highwater(tp) for tp in tps
+                                  if consumer.highwater(tp) is not None):
+                break
+            if follow and summary and not batches:
+                print(stats.render(), file=out)
+        return shown
+    finally:
+        if summary:
+            print(stats.render(), file=out)
+        consumer.close()
+
+
+def format_row(row: dict) -> str:
+    head = f"{row['partition']}:{row['offset']:<7}"
+    if "undecodable" in row:
+        return f"{head} UNDECODABLE {row['undecodable']}"
+    rest = {k: v for k, v in row.items() if k not in ("partition", "offset", "kind")}
+    return f"{head} {row['kind']:<14} " + " ".join(f"{k}={v}" for k, v in rest.items())

@@ -1,0 +1,113 @@
+"""The rollout archive: every RolloutGroup the scheduler accepts, as Parquet through fsspec.
+
+Layout (Hive partitioning, so pyarrow, pandas and duckdb read it without this project)::
+
+    <run_dir>/archive/policy_version=<V>/part-<writer>-<n>.parquet
+
+One row per rollout group. Columns (``policy_version`` comes from the directory name):
+
+    dispatch_id      string   the dispatch this group answers
+    problem_id       string
+    producer_id      string   the generation pod
+    prompt_ids       list<int32>
+    temperature      float64
+    rollouts         list<struct<completion_ids: list<int32>, logprobs: list<float32>,
+                              reward: float32, finish_reason: string, text: string>>
+    generate_seconds float32  producer's engine time for the call that made it
+    reward_seconds   float32
+    created_at       float64  unix time the producer finished the group
+    error            string   "" for a served problem
+    accepted_at      float64  unix time the scheduler accepted it
+    learner_version  int64    the learner's version the scheduler knew then (age = this - V)
+
+A file holds at most ``max_rows`` groups; a partial file is written when ``flush_every_s``
+passes and on ``close`` (the scheduler closes the archive on shutdown). Each writer start
+uses its own file prefix, so a restarted scheduler never overwrites a file.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas import RolloutGroup
+from schemas.records import to_table
+
+EXTRA = [("accepted_at", pa.float64()), ("learner_version", pa.int64())]
+ARCHIVE_SCHEMA = pa.schema([f for f in RolloutGroup.SCHEMA if f.name != "policy_version"] + [pa.field(*e) for e in EXTRA])
+
+
+def root(run_dir: str) -> str:
+    return run_dir.rstrip("/") + "/archive"
+
+
+class RolloutArchive:
+    def __init__(self, uri: str, max_rows: int = 10_000, flush_every_s: float = 60.0):
+        self.uri = uri.rstrip("/")
+        self.max_rows, self.flush_every_s = max_rows, flush_every_s
+        self.writer_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.pending: dict[int, list[tuple[RolloutGroup, float, int]]] = {}
+        self.files_written = 0
+        self.flushed_at = time.monotonic()
+
+    def add(self, group: RolloutGroup, learner_version: int) -> None:
+        rows = self.pending.setdefault(group.policy_version, [])
+        rows.append((group, time.time(), learner_version))
+        if len(rows) >= self.max_rows:
+            self.write(group.policy_version)
+        elif time.monotonic() - self.flushed_at >= self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        for version in list(self.pending):
+            self.write(version)
+        self.flushed_at = time.monotonic()
+
+    def write(self, version: int) -> None:
+        rows = self.pending.pop(version, [])
+        if not rows:
+            return
+        table = to_table([g for g, _, _ in rows], RolloutGroup).drop_columns(["policy_version"])
+        table = table.append_column("accepted_at", pa.array([t for _, t, _ in rows], pa.float64()))
+        table = table.append_column("learner_version", pa.array([v for _, _, v in rows], pa.int64()))
+        table = table.cast(ARCHIVE_SCHEMA).replace_schema_metadata(None)
+        path = f"{self.uri}/policy_version={version}/part-{self.writer_id}-{self.files_written:05d}.parquet"
+        fs, fpath = fsspec.core.url_to_fs(path)
+        fs.makedirs(fpath.rsplit("/", 1)[0], exist_ok=True)
+        with fs.open(fpath, "wb") as f:
+            pq.write_table(table, f, compression="zstd")
+        self.files_written += 1
+
+    def close(self) -> None:
+        self.flush()
+
+
+def read_archive(uri: str) -> pa.Table:
+    """The whole archive as one table with ``policy_version`` restored from the paths,
+    sorted by acceptance time."""
+    import pyarrow.dataset as ds
+
+    fs, path = fsspec.core.url_to_fs(uri.rstrip("/"))
+    files = [f for f in fs.find(path) if f.endswith(".parquet")]
+    if not files:
+        raise FileNotFoundError(f"no Parquet files under {uri}")
+    dataset = ds.dataset(files, filesystem=fs, format="parquet", partitioning="hive", partition_base_dir=path)
+    table = dataset.to_table()
+    table = table.set_column(table.schema.get_field_index("policy_version"), "policy_version",
+                             table["policy_version"].cast(pa.int64()))
+    return table.sort_by("accepted_at")
+
+
+def groups_from_table(table: pa.Table) -> list[RolloutGroup]:
+    from schemas.records import Rollout
+
+    out = []
+    for row in table.to_pylist():
+        rollouts = [Rollout(**r) for r in row["rollouts"]]
+        fields = {f.name: row[f.name] for f in RolloutGroup.SCHEMA if f.name != "rollouts"}
+        out.append(RolloutGroup(**fields, rollouts=rollouts))
+    return out
