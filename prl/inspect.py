@@ -128,10 +128,19 @@ class TailFilter:
         return True
 
 
-def describe(record) -> dict:
-    """A flat, readable view of one record (long token lists summarised)."""
+BRIEF = {"prompt_ids", "completion_ids", "logprobs", "generate_seconds", "reward_seconds", "created_at", "issued_at",
+         "original", "sampling"}
+
+
+def describe(record, brief: bool = False) -> dict:
+    """A flat, readable view of one record (long token lists summarised; ``brief``: the
+    fields people scan for, floats rounded)."""
     out = {"kind": record.KIND}
     for name, value in vars(record).items():
+        if brief and (name in BRIEF or value in ("", None)):
+            continue
+        if isinstance(value, float):
+            value = round(value, 4)
         if name == "rollouts":
             rewards = [getattr(r, "reward", None) for r in value]
             out["n"] = len(value)
@@ -161,8 +170,8 @@ class Summary:
     """Rate, mean reward and version lag per producer (rollout groups), counts otherwise."""
 
     def __init__(self):
-        self.started = time.monotonic()
         self.by_producer: dict[str, list] = defaultdict(lambda: [0, 0.0, 0])  # groups, reward sum, rollouts
+        self.span: dict[str, list[float]] = defaultdict(lambda: [float("inf"), float("-inf")])  # created_at range
         self.versions: dict[str, list[int]] = defaultdict(list)
         self.newest_version = 0
         self.kinds: dict[str, int] = defaultdict(int)
@@ -176,15 +185,17 @@ class Summary:
             s[1] += sum(record.rewards)
             s[2] += len(record.rollouts)
             self.versions[record.producer_id].append(record.policy_version)
+            span = self.span[record.producer_id]
+            span[0], span[1] = min(span[0], record.created_at), max(span[1], record.created_at)
             self.newest_version = max(self.newest_version, record.policy_version)
 
     def render(self) -> str:
-        seconds = max(1e-9, time.monotonic() - self.started)
         lines = [f"messages: {dict(self.kinds)}, undecodable: {self.undecodable}"]
         if self.by_producer:
             lines.append(f"{'producer':<16} {'groups':>7} {'groups/s':>9} {'mean reward':>12} {'version lag':>12}")
             for pid, (groups, rsum, n) in sorted(self.by_producer.items()):
                 lag = self.newest_version - sum(self.versions[pid]) / len(self.versions[pid])
+                seconds = max(1e-9, self.span[pid][1] - self.span[pid][0])  # by the groups' own timestamps
                 lines.append(f"{pid:<16} {groups:>7} {groups / seconds:>9.2f} {rsum / n:>12.3f} {lag:>12.2f}")
         return "\n".join(lines)
 
@@ -220,7 +231,7 @@ def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool
                         continue
                     else:
                         stats.add(record)
-                        row = {"partition": m.partition, "offset": m.offset, **describe(record)}
+                        row = {"partition": m.partition, "offset": m.offset, **describe(record, brief=not as_json)}
                     if not summary:
                         print(json.dumps(row, default=str) if as_json else format_row(row), file=out)
                     shown += 1
