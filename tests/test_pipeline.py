@@ -79,6 +79,13 @@ def test_prl_run_three_steps(tmp_path):
     assert steps == [1, 2, 3]
     assert (run_dir / "learning_curve.png").stat().st_size > 1000
     assert (run_dir / "checkpoints" / "latest").exists()
+    # The scheduler archived every accepted group, closed on shutdown, partitioned by version.
+    from scheduler.archive import read_archive
+
+    archive = read_archive(str(run_dir / "archive"))
+    scheduler_rows = [r for r in rows if r["service"] == "scheduler"]
+    assert archive.num_rows >= scheduler_rows[-1]["scheduler/groups_returned"] > 0
+    assert set(archive["policy_version"].to_pylist()) <= {0, 1, 2, 3}
 
 
 def test_scheduler_snapshot_restores_state(tmp_path):
