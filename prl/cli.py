@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner")
+BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning")
 
 
 def load(args) -> "Config":  # noqa: F821

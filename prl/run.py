@@ -19,8 +19,9 @@ from prl.transport.memory import MemoryBroker, MemoryTransport
 log = structlog.get_logger("run")
 
 
-def run_pipeline(cfg, progress: bool = True) -> dict:
-    """Run until the learner reaches ``learner.max_steps``; return start/end accuracy."""
+def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None) -> dict:
+    """Run until the learner reaches ``learner.max_steps`` (or has trained on batches that
+    took ``max_rollouts`` generated rollouts, then evaluate once more); return start/end accuracy."""
     from learner.service import Learner
     from producers.service import Producer
     from scheduler.service import Scheduler
@@ -44,6 +45,10 @@ def run_pipeline(cfg, progress: bool = True) -> dict:
                 bar.n = learner.version
                 bar.set_postfix(acc=f"{learner.last_eval.get('accuracy', 0):.3f}" if hasattr(learner, "last_eval") else "-")
                 bar.refresh()
+            if max_rollouts is not None and learner.rollouts_generated >= max_rollouts:
+                if cfg.learner.eval_every and learner.heldout and learner.version % cfg.learner.eval_every:
+                    learner.evaluate()
+                break
             if done:
                 break
     finally:

@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import fsspec
 import pytest
 
 from learner import checkpoint
@@ -32,16 +33,29 @@ TAU_MAX = 10
 SERVICES = ("scheduler", "producer-0", "producer-1", "learner")
 
 
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
 @pytest.fixture
 def s3(monkeypatch, tmp_path):
+    """The services' S3 server (checkpoints, snapshots); its env is set for this process and
+    inherited by the services."""
     server = S3Server(log_path=tmp_path / "s3.log")
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": server.endpoint, "AWS_ENDPOINT": server.endpoint, "AWS_ALLOW_HTTP": "true"}
-    for name, value in env.items():
+    server.create_bucket("prl-runs")
+    for name, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": server.endpoint}.items():
         monkeypatch.setenv(name, value)
-    for bucket in ("prl-broker", "prl-runs"):
-        server.create_bucket(bucket)
-    yield env
+    fsspec.filesystem("s3").clear_instance_cache()  # a cached client would still point at an earlier server
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def broker_s3(tmp_path):
+    """A second S3 server for the broker's storage (the broker writes to it on every commit,
+    so it gets a server of its own); returns the broker's environment."""
+    server = S3Server(log_path=tmp_path / "s3-broker.log")
+    server.create_bucket("prl-broker")
+    yield {**CREDENTIALS, "AWS_ENDPOINT": server.endpoint, "AWS_ENDPOINT_URL": server.endpoint, "AWS_ALLOW_HTTP": "true"}
     server.stop()
 
 
@@ -209,16 +223,15 @@ def test_kill_9_each_service_in_turn(s3, tmp_path, run_name):
     print(f"\nkill -9: {figures}")
 
 
-def test_broker_restart(s3, tmp_path, run_name):
-    log = tmp_path / "broker.log"
-    broker = KafkaBroker(storage="s3://prl-broker/", env=s3, log_path=log)
+def test_broker_restart(s3, broker_s3, tmp_path, run_name):
+    broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, log_path=tmp_path / "broker.log")
     cluster = Cluster(tmp_path, broker, run_name)
     try:
         for name in SERVICES:
             cluster.start(name)
         cluster.wait_for_step(3)
         broker.stop(signal.SIGKILL)
-        broker = KafkaBroker(storage="s3://prl-broker/", env=s3, port=broker.port, log_path=tmp_path / "broker.1.log")
+        broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, port=broker.port, log_path=tmp_path / "broker.1.log")
         cluster.broker = broker
         cluster.wait_for_step(7)
         cluster.finish()

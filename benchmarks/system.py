@@ -1,0 +1,288 @@
+"""`prl bench system`: is the pipeline ever the bottleneck? Three figures, each against its
+baseline in the same run:
+
+1. kafka:      RolloutGroups of 2,000-token rollouts through prl's Kafka transport (encode,
+               publish, consume, decode) vs raw kafka-python sending and reading the same bytes;
+2. checkpoint: a learner checkpoint through fsspec (data, manifest with sha256, latest) vs a
+               raw copy of the same bytes to the same disk;
+3. async:      learner steps per second of the in-process pipeline with simulated generation
+               latency, vs the ideal 1 / max(stage time) and vs the same stages run one after
+               the other (synchronously).
+
+Starts its own tansu broker unless --bootstrap is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+GOALS = {"kafka": 0.8, "checkpoint": 0.7, "async": 0.9}
+
+
+# -- 1. Kafka path ---------------------------------------------------------------------------
+def rollout_groups(n: int, tokens: int, group_size: int, seed: int = 0):
+    from schemas import Rollout, RolloutGroup
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        rollouts = [Rollout(rng.integers(0, 150_000, tokens).tolist(), (-rng.random(tokens)).astype(np.float32).tolist(),
+                            1.0, "length", "") for _ in range(group_size)]
+        out.append(RolloutGroup(f"d{i}", f"p{i}", 0, "bench", rng.integers(0, 150_000, 200).tolist(), 1.0, rollouts))
+    return out
+
+
+def bench_kafka(bootstrap: str, groups, max_bytes: int) -> dict:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    from prl.transport.kafka import KafkaTransport
+    from schemas import RolloutGroup, decode, encode, headers
+    from schemas.config import KafkaConfig
+
+    cfg = KafkaConfig(bootstrap_servers=bootstrap, max_message_bytes=max_bytes)
+    transport = KafkaTransport(cfg)
+    run = f"bench{int(time.time())}"
+    transport.ensure_topics(run)
+    rollouts = sum(len(g.rollouts) for g in groups)
+
+    topic = f"{run}.rollouts"
+    t0 = time.perf_counter()
+    pub = transport.publisher()
+    for g in groups:
+        pub.publish(topic, encode(g), key=g.problem_id.encode(), headers=headers(g))
+    pub.flush()
+    sub = transport.subscriber([topic], group=None)
+    got = 0
+    while got < len(groups):
+        got += sum(len(decode(m.value, RolloutGroup).rollouts) > 0 for m in sub.poll(5.0))
+    prl_s = time.perf_counter() - t0
+    sub.close()
+    pub.close()
+
+    payloads = [encode(g) for g in groups]  # the same bytes, encoded outside the raw timing
+    raw_topic = f"{run}.deadletter"  # an existing topic with the same limits
+    t0 = time.perf_counter()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, compression_type="zstd",
+                             max_request_size=max_bytes, linger_ms=5)
+    for i, p in enumerate(payloads):
+        producer.send(raw_topic, value=p, key=f"p{i}".encode())
+    producer.flush()
+    consumer = KafkaConsumer(raw_topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+                             fetch_max_bytes=max_bytes, max_partition_fetch_bytes=max_bytes)
+    got = 0
+    while got < len(payloads):
+        got += sum(len(v) for v in consumer.poll(timeout_ms=5000).values())
+    raw_s = time.perf_counter() - t0
+    consumer.close()
+    producer.close()
+    mb = sum(map(len, payloads)) / 1e6
+    return {"rollouts_per_s": rollouts / prl_s, "raw_rollouts_per_s": rollouts / raw_s, "MB": round(mb, 1),
+            "prl_MB_per_s": mb / prl_s, "raw_MB_per_s": mb / raw_s, "ratio": raw_s / prl_s}
+
+
+# -- 2. checkpoint ---------------------------------------------------------------------------
+def bench_checkpoint(params_m: float, repeats: int) -> dict:
+    import torch
+
+    from learner import checkpoint
+    from prl.models import resolve_model_dir
+
+    hidden = 1024
+    layers = max(1, int(params_m * 1e6 / (hidden * hidden)))
+    model = torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden, bias=False) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model(torch.randn(2, hidden)).sum().backward()
+    optimizer.step()
+    weights = {k: v.detach() for k, v in model.state_dict().items()}
+    base = resolve_model_dir("builtin:tiny-adder")
+    prl_times, raw_times, nbytes = [], [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            uri = checkpoint.write_checkpoint(f"file://{tmp}/run", i + 1, weights, optimizer, {"last_batch_seq": i}, base, 2)
+            prl_times.append(time.perf_counter() - t0)
+            src = uri.removeprefix("file://")
+            files = [os.path.join(src, f) for f in os.listdir(src)]
+            blobs = {os.path.basename(f): open(f, "rb").read() for f in files}  # noqa: SIM115
+            nbytes = sum(map(len, blobs.values()))
+            dst = f"{tmp}/raw-{i}"
+            t0 = time.perf_counter()
+            os.makedirs(dst)
+            for name, data in blobs.items():  # the same bytes, already in memory, plainly written
+                with open(f"{dst}/{name}", "wb") as f:
+                    f.write(data)
+            raw_times.append(time.perf_counter() - t0)
+            shutil.rmtree(dst)
+    prl_s, raw_s = float(np.median(prl_times)), float(np.median(raw_times))
+    return {"MB": round(nbytes / 1e6, 1), "prl_s": prl_s, "raw_s": raw_s, "prl_MB_per_s": nbytes / 1e6 / prl_s,
+            "raw_MB_per_s": nbytes / 1e6 / raw_s, "ratio": raw_s / prl_s}
+
+
+# -- 3. async pipeline -----------------------------------------------------------------------
+class DelayedBackend:
+    """The transformers backend with a fixed extra latency per generation call (a stand-in
+    for a remote GPU engine)."""
+
+    def __init__(self, inner, latency_s: float):
+        self.inner, self.latency_s = inner, latency_s
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, requests, **kw):
+        out = self.inner.generate(requests, **kw)
+        time.sleep(self.latency_s)  # simulated engine time (the benchmark's input, not synchronisation)
+        return out
+
+
+def pipeline_config(run_dir: str, steps: int):
+    from schemas.config import load_config
+
+    return load_config(overrides=[
+        f"run.run_dir={json.dumps(run_dir)}", f"learner.max_steps={steps}", "learner.eval_every=0",
+        "scheduler.strategy='uniform'", "scheduler.filter_zero_variance=false", "scheduler.groups_per_batch=8",
+        "scheduler.max_in_flight=8", "producer.max_dispatches_per_call=8", "scheduler.max_batches_ahead=2",
+        "scheduler.replay.enabled=false", "learner.checkpoint_every=1", "scheduler.snapshot_every=0",
+        "scheduler.archive=false",
+    ])
+
+
+def build(cfg, latency_s):
+    from learner.service import Learner
+    from producers.backends import make_backend
+    from producers.service import Producer
+    from prl.transport.memory import MemoryBroker, MemoryTransport
+    from scheduler.service import Scheduler
+
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    backend = DelayedBackend(make_backend("transformers", cfg.model.path, cfg.model.dtype), latency_s)
+    return Scheduler(cfg, transport), Producer(cfg, transport, backend=backend), Learner(cfg, transport)
+
+
+def run_async(cfg, latency_s, warmup: int) -> float:
+    scheduler, producer, learner = build(cfg, latency_s)
+    stop = threading.Event()
+    threads = [threading.Thread(target=s.run, args=(stop,), daemon=True) for s in (scheduler, producer)]
+    for t in threads:
+        t.start()
+    t_start = None
+    while not learner.step():
+        if learner.version == warmup and t_start is None:
+            t_start = time.perf_counter()
+    elapsed = time.perf_counter() - t_start
+    stop.set()
+    for t in threads:
+        t.join(30)
+    return (cfg.learner.max_steps - warmup) / elapsed
+
+
+def run_sync(cfg, latency_s, warmup: int) -> tuple[float, float, float]:
+    """Scheduler -> producer -> learner, one after another, one batch at a time; also times
+    each stage (for the ideal)."""
+    scheduler, producer, learner = build(cfg, latency_s)
+    gen_times, train_times = [], []
+    t_start = None
+    while learner.version < cfg.learner.max_steps:
+        if learner.version == warmup and t_start is None:
+            t_start = time.perf_counter()
+        t0 = time.perf_counter()
+        start_seq = scheduler.next_seq
+        while scheduler.next_seq == start_seq:  # generate until one batch is out
+            scheduler.step()
+            producer.step()
+        t1 = time.perf_counter()
+        version = learner.version
+        while learner.version == version:
+            learner.step()
+        t2 = time.perf_counter()
+        if learner.version > warmup:
+            gen_times.append(t1 - t0)
+            train_times.append(t2 - t1)
+    elapsed = time.perf_counter() - t_start
+    return (cfg.learner.max_steps - warmup) / elapsed, float(np.median(gen_times)), float(np.median(train_times))
+
+
+def bench_async(latency_s: float, steps: int, warmup: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        sync_sps, gen_s, train_s = run_sync(pipeline_config(f"{tmp}/sync", steps), latency_s, warmup)
+    with tempfile.TemporaryDirectory() as tmp:
+        async_sps = run_async(pipeline_config(f"{tmp}/async", steps), latency_s, warmup)
+    ideal = 1.0 / max(gen_s, train_s)
+    return {"latency_s": latency_s, "generate_stage_s": gen_s, "train_stage_s": train_s, "async_steps_per_s": async_sps,
+            "ideal_steps_per_s": ideal, "sync_steps_per_s": sync_sps, "ratio": async_sps / ideal,
+            "speedup_vs_sync": async_sps / sync_sps}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="prl bench system", description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=["kafka", "checkpoint", "async"], action="append", help="run only these (repeatable)")
+    ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
+    ap.add_argument("--groups", type=int, default=60, help="rollout groups through Kafka")
+    ap.add_argument("--tokens", type=int, default=2000, help="tokens per rollout")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--params-m", type=float, default=50.0, help="checkpointed model size, millions of parameters")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--latency", type=float, default=0.5, help="simulated generation seconds per producer call")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+
+    from prl import logs
+
+    logs.configure("console", "warning")
+    which = args.only or ["kafka", "checkpoint", "async"]
+    results = {}
+    if "kafka" in which:
+        broker = None
+        bootstrap = args.bootstrap
+        if bootstrap is None:
+            from tests.support.servers import KafkaBroker
+
+            broker = KafkaBroker()
+            bootstrap = broker.bootstrap
+        try:
+            results["kafka"] = bench_kafka(bootstrap, rollout_groups(args.groups, args.tokens, args.group_size), 64 << 20)
+        finally:
+            if broker is not None:
+                broker.stop()
+    if "checkpoint" in which:
+        results["checkpoint"] = bench_checkpoint(args.params_m, args.repeats)
+    if "async" in which:
+        results["async"] = bench_async(args.latency, args.steps, args.warmup)
+
+    print(f"{'figure':<44}{'prl':>14}{'baseline':>14}{'ratio':>8}{'goal':>8}")
+    if "kafka" in results:
+        r = results["kafka"]
+        print(f"{f'kafka: {args.tokens}-token rollouts/s ({r['MB']} MB)':<44}{r['rollouts_per_s']:>14,.0f}"
+              f"{r['raw_rollouts_per_s']:>14,.0f}{r['ratio']:>8.2f}{'>= 0.8':>8}   baseline: raw kafka-python")
+    if "checkpoint" in results:
+        r = results["checkpoint"]
+        print(f"{f'checkpoint MB/s ({r['MB']} MB)':<44}{r['prl_MB_per_s']:>14,.0f}{r['raw_MB_per_s']:>14,.0f}"
+              f"{r['ratio']:>8.2f}{'>= 0.7':>8}   baseline: raw copy of the same bytes")
+    if "async" in results:
+        r = results["async"]
+        print(f"{f'async steps/s (gen {r['generate_stage_s']:.2f}s, train {r['train_stage_s']:.2f}s)':<44}"
+              f"{r['async_steps_per_s']:>14.3f}{r['ideal_steps_per_s']:>14.3f}{r['ratio']:>8.2f}{'>= 0.9':>8}   baseline: ideal 1/max(stage)")
+        print(f"{'':<44}{'':>14}{r['sync_steps_per_s']:>14.3f}{r['speedup_vs_sync']:>8.2f}{'':>8}   baseline: the same stages run synchronously")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), **results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
