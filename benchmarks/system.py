@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -250,6 +251,7 @@ def main(argv=None) -> int:
         broker = None
         bootstrap = args.bootstrap
         if bootstrap is None:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's test helpers start tansu
             from tests.support.servers import KafkaBroker
 
             broker = KafkaBroker()
@@ -267,15 +269,18 @@ def main(argv=None) -> int:
     print(f"{'figure':<44}{'prl':>14}{'baseline':>14}{'ratio':>8}{'goal':>8}")
     if "kafka" in results:
         r = results["kafka"]
-        print(f"{f'kafka: {args.tokens}-token rollouts/s ({r['MB']} MB)':<44}{r['rollouts_per_s']:>14,.0f}"
+        label = f"kafka: {args.tokens}-token rollouts/s ({r['MB']} MB)"
+        print(f"{label:<44}{r['rollouts_per_s']:>14,.0f}"
               f"{r['raw_rollouts_per_s']:>14,.0f}{r['ratio']:>8.2f}{'>= 0.8':>8}   baseline: raw kafka-python")
     if "checkpoint" in results:
         r = results["checkpoint"]
-        print(f"{f'checkpoint MB/s ({r['MB']} MB)':<44}{r['prl_MB_per_s']:>14,.0f}{r['raw_MB_per_s']:>14,.0f}"
+        label = f"checkpoint MB/s ({r['MB']} MB)"
+        print(f"{label:<44}{r['prl_MB_per_s']:>14,.0f}{r['raw_MB_per_s']:>14,.0f}"
               f"{r['ratio']:>8.2f}{'>= 0.7':>8}   baseline: raw copy of the same bytes")
     if "async" in results:
         r = results["async"]
-        print(f"{f'async steps/s (gen {r['generate_stage_s']:.2f}s, train {r['train_stage_s']:.2f}s)':<44}"
+        label = f"async steps/s (gen {r['generate_stage_s']:.2f}s, train {r['train_stage_s']:.2f}s)"
+        print(f"{label:<44}"
               f"{r['async_steps_per_s']:>14.3f}{r['ideal_steps_per_s']:>14.3f}{r['ratio']:>8.2f}{'>= 0.9':>8}   baseline: ideal 1/max(stage)")
         print(f"{'':<44}{'':>14}{r['sync_steps_per_s']:>14.3f}{r['speedup_vs_sync']:>8.2f}{'':>8}   baseline: the same stages run synchronously")
     if args.json:

@@ -2,7 +2,8 @@
 
 Loop, top to bottom:
   1. load newer weights if the learner announced a checkpoint (the policy topic);
-  2. poll up to ``max_dispatches_per_call`` dispatches (consumer group: producers share them);
+  2. poll up to ``max_dispatches_per_call`` dispatches, lingering ``linger_ms`` to fill the call
+     (consumer group: producers share them);
   3. generate G completions for each in one engine call;
   4. score each completion with the reward function;
   5. publish one RolloutGroup per dispatch, carrying the loaded policy version;
@@ -38,7 +39,7 @@ class Producer(Service):
 
     def step(self) -> bool:
         self.maybe_reload()
-        msgs = self.dispatches.poll(self.poll_s, max_records=self.cfg.producer.max_dispatches_per_call)
+        msgs = self.poll_dispatches()
         dispatches = [d for d in (self.decode_or_dead_letter(m, Dispatch) for m in msgs) if d is not None]
         if dispatches:
             for group in self.rollout_groups(dispatches):
@@ -47,6 +48,16 @@ class Producer(Service):
         if msgs:
             self.dispatches.commit()
         return False
+
+    def poll_dispatches(self) -> list:
+        """Up to max_dispatches_per_call dispatches: wait for the first, then linger briefly
+        for more, since one engine call with many prompts costs little more than one with a few."""
+        limit = self.cfg.producer.max_dispatches_per_call
+        msgs = self.dispatches.poll(self.poll_s, max_records=limit)
+        deadline = time.monotonic() + self.cfg.producer.linger_ms / 1000
+        while msgs and len(msgs) < limit and (left := deadline - time.monotonic()) > 0:
+            msgs += self.dispatches.poll(left, max_records=limit - len(msgs))
+        return msgs
 
     def maybe_reload(self) -> None:
         newest = None

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
@@ -152,7 +153,8 @@ class RolloutGroup:
         for r in self.rollouts:
             _require(math.isfinite(r.reward), "invalid_value", "reward is not finite")
             _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")
-            _require(all(math.isfinite(x) and x <= 0 for x in r.logprobs), "invalid_value", "bad logprob")
+            logprobs = np.asarray(r.logprobs, dtype=np.float64)
+            _require(bool(np.isfinite(logprobs).all() and (logprobs <= 0).all()), "invalid_value", "bad logprob")
 
 
 @dataclass(frozen=True)
@@ -293,12 +295,17 @@ def _schema_with_meta(cls) -> pa.Schema:
 
 
 def _row(record) -> dict:
-    row = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    row = _fields(record)
     if "sampling" in row:
-        row["sampling"] = dataclasses.asdict(row["sampling"])
+        row["sampling"] = _fields(row["sampling"])
     if "rollouts" in row:
-        row["rollouts"] = [dataclasses.asdict(r) for r in row["rollouts"]]
+        row["rollouts"] = [_fields(r) for r in row["rollouts"]]
     return row
+
+
+def _fields(obj) -> dict:
+    """A dataclass's fields, shallow (``dataclasses.asdict`` deep-copies every token list)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 def to_table(records: list, cls: type) -> pa.Table:
