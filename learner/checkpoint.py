@@ -10,7 +10,7 @@ Layout under ``<run_dir>/checkpoints/`` (written by prl/storage.py: data, manife
                                          each rank's optimizer shard (param groups in state.json);
                                          any number of ranks can resume from them
     step-00000012/state.json             step, last batch seq, counters
-    step-00000012/manifest.json          sha256 of every file above
+    step-00000012/manifest.json          a checksum of every file above
     latest                               {"step": 12, "name": "step-00000012"}
 
 Nothing is pickled.
@@ -75,13 +75,12 @@ def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: d
     Under FSDP every rank calls this: each writes its optimizer shard, rank 0 writes the
     gathered weights, the state and (after collecting the other shards' checksums) the
     manifest and ``latest``."""
-    from safetensors.torch import save
 
     rank, world = (d.rank, d.world) if d is not None else (0, 1)
     name = f"step-{step:08d}"
     opt_tensors, param_groups = optimizer_tensors(optimizer) if optimizer is not None else ({}, [])
     shard_name = optimizer_shard_name(rank, world)
-    digest = storage.write_file(root(run_dir), name, shard_name, save(opt_tensors))
+    digest = storage.write_file(root(run_dir), name, shard_name, storage.safetensors_chunks(opt_tensors))
     if d is not None:
         from learner.distributed import all_gather_strings
 
@@ -91,7 +90,7 @@ def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: d
     uri = root(run_dir).rstrip("/") + "/" + name
     if rank == 0:
         files: dict[str, bytes] = {
-            "model.safetensors": save(weights),
+            "model.safetensors": storage.safetensors_chunks(weights),
             "state.json": json.dumps({**state, "step": step, "param_groups": param_groups, "world_size": world}).encode(),
         }
         for fname in HF_FILES:

@@ -3,11 +3,14 @@
 Used for learner checkpoints and scheduler snapshots. Layout under ``root``::
 
     <name>/<file>...         the data files
-    <name>/manifest.json     sha256 of every data file, written after them
+    <name>/manifest.json     a checksum of every data file, written after them
     latest                   {"name": <name>, ...}, written last
 
 A crash mid-write leaves at worst a directory without a manifest, which ``latest`` never
-points at; reads check every checksum. Older directories beyond ``keep`` are deleted only
+points at; reads check every checksum. Checksums are CRC-32C (``crc32c:<hex>``, hardware
+speed: a SHA-256 would cost more than the write itself); manifests from before carry a
+SHA-256 hex digest, which reads still accept. A file may be given as bytes or as a sequence
+of buffers (streamed, never joined in memory: see :func:`safetensors_chunks`). Older directories beyond ``keep`` are deleted only
 after a newer one is complete.
 """
 
@@ -15,31 +18,60 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
+from collections.abc import Iterable
 
+import crc32c
 import fsspec
+
+Data = bytes | Iterable  # bytes, or buffers written one after the other
 
 
 class StorageError(RuntimeError):
     pass
 
 
-def write_file(root: str, name: str, fname: str, data: bytes) -> str:
-    """One data file of ``root/name`` (e.g. written by another process); returns its sha256."""
+def checksum(data: bytes) -> str:
+    return f"crc32c:{crc32c.crc32c(data):08x}"
+
+
+def _write(fs, path: str, data: Data) -> str:
+    """Write ``data`` to ``path``; return its checksum."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        fs.pipe_file(path, bytes(data))
+        return checksum(data)
+    crc = 0
+    with fs.open(path, "wb") as f:
+        for chunk in data:
+            f.write(chunk)
+            crc = crc32c.crc32c(chunk, crc)
+    return f"crc32c:{crc:08x}"
+
+
+def _verify(data: bytes, expected: str | None) -> bool:
+    if expected is None:
+        return False
+    if expected.startswith("crc32c:"):
+        return checksum(data) == expected
+    return hashlib.sha256(data).hexdigest() == expected  # manifests written before crc32c
+
+
+def write_file(root: str, name: str, fname: str, data: Data) -> str:
+    """One data file of ``root/name`` (e.g. written by another process); returns its checksum."""
     fs, path = fsspec.core.url_to_fs(root.rstrip("/") + "/" + name)
     fs.makedirs(path, exist_ok=True)
-    fs.pipe_file(f"{path}/{fname}", data)
-    return hashlib.sha256(data).hexdigest()
+    return _write(fs, f"{path}/{fname}", data)
 
 
-def write_versioned(root: str, name: str, files: dict[str, bytes], keep: int, meta: dict | None = None,
+def write_versioned(root: str, name: str, files: dict[str, Data], keep: int, meta: dict | None = None,
                     written: dict[str, str] | None = None) -> str:
     """Write ``files`` under ``root/name``, then the manifest (covering ``written`` too: files
-    already there, name -> sha256), then ``latest``; return the URI."""
+    already there, name -> checksum), then ``latest``; return the URI."""
     fs, path = fsspec.core.url_to_fs(root.rstrip("/") + "/" + name)
     fs.makedirs(path, exist_ok=True)
+    manifest = dict(written or {})
     for fname, data in files.items():
-        fs.pipe_file(f"{path}/{fname}", data)
-    manifest = {**(written or {}), **{fname: hashlib.sha256(data).hexdigest() for fname, data in files.items()}}
+        manifest[fname] = _write(fs, f"{path}/{fname}", data)
     fs.pipe_file(f"{path}/manifest.json", json.dumps(manifest).encode())
     fs.pipe_file(path.rsplit("/", 1)[0] + "/latest", json.dumps({**(meta or {}), "name": name}).encode())
     prune(root, keep, current=name)
@@ -84,6 +116,28 @@ def read_verified(uri: str, fname: str) -> bytes:
     fs, path = fsspec.core.url_to_fs(uri)
     manifest = json.loads(fs.cat_file(f"{path}/manifest.json"))
     data = fs.cat_file(f"{path}/{fname}")
-    if hashlib.sha256(data).hexdigest() != manifest.get(fname):
+    if not _verify(data, manifest.get(fname)):
         raise StorageError(f"{uri}/{fname}: checksum does not match the manifest")
     return data
+
+
+SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def safetensors_chunks(tensors: dict) -> list:
+    """torch tensors as a safetensors file, in buffers that view the tensors' memory (the
+    header, then each tensor's bytes): no copy of the whole file is made."""
+    import torch
+
+    header, offset, views = {}, 0, []
+    for name, t in tensors.items():
+        t = t.detach().cpu().contiguous()
+        raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+        header[name] = {"dtype": SAFETENSORS_DTYPES[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + raw.numel()]}
+        offset += raw.numel()
+        views.append(memoryview(raw.numpy()))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return [struct.pack("<Q", len(text)) + text, *views]
