@@ -30,8 +30,8 @@ STRATEGIES = {
     "full": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", "scheduler.replay.enabled=true"],
 }
 MODES = {  # name: (seeds, rollout budget)
-    "default": (3, 6_000),
-    "long": (5, 20_000),
+    "default": (3, 15_000),
+    "long": (5, 40_000),
 }
 
 
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, help="override the mode's seed count")
     ap.add_argument("--budget", type=int, help="rollouts generated per run (override the mode's)")
     ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
-    ap.add_argument("--target", type=float, default=0.20, help="held-out accuracy to reach")
-    ap.add_argument("--eval-every", type=int, default=4, help="learner steps between evaluations")
+    ap.add_argument("--target", type=float, default=0.25, help="held-out accuracy to reach")
+    ap.add_argument("--eval-every", type=int, default=2, help="learner steps between evaluations")
     ap.add_argument("--heldout", type=int, default=100, help="held-out problems per difficulty")
     ap.add_argument("--pool", default="[40, 150, 150, 150]", help="training problems per difficulty (revisited within the budget)")
     ap.add_argument("--png", default="benchmarks/learning_curves.png")
