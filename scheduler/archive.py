@@ -21,8 +21,10 @@ One row per rollout group. Columns (``policy_version`` comes from the directory 
     learner_version  int64    the learner's version the scheduler knew then (age = this - V)
 
 A file holds at most ``max_rows`` groups; a partial file is written when ``flush_every_s``
-passes and on ``close`` (the scheduler closes the archive on shutdown). Each writer start
-uses its own file prefix, so a restarted scheduler never overwrites a file.
+passes, at every scheduler snapshot (before the rollout offsets are committed, so a killed
+scheduler loses no archived group: it re-reads and re-archives what came after its snapshot,
+which can archive a group twice) and on ``close`` (on shutdown). Each writer start uses its
+own file prefix, so a restarted scheduler never overwrites a file.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ from prl.tasks import train_problems
 from scheduler.advantages import has_signal
 from scheduler.batches import compose_batch
 from scheduler.replay import ReplayBuffer
-from scheduler.samplers import make_sampler
 from scheduler.archive import RolloutArchive
 from scheduler.archive import root as archive_root
+from scheduler.samplers import make_sampler
 from scheduler.snapshot import read_snapshot, write_snapshot
 from schemas import DecodeError, Dispatch, PolicyVersion, RolloutGroup, Sampling, TrainBatch, encode, headers
 from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
@@ -222,6 +222,8 @@ class Scheduler(Service):
         offsets it covers."""
         replay = self.replay.state_dict()[1] if self.replay else []
         uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending)
+        if self.archive is not None:  # what the committed offsets cover is archived, too
+            self.archive.flush()
         self.rollouts.commit()
         if time.monotonic() - self.histogram_at >= HISTOGRAM_EVERY_S:
             self.histogram_at = time.monotonic()
