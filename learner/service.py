@@ -25,7 +25,7 @@ from prl.service import Service
 from producers.backends import TransformersBackend
 from producers.rewards import load_reward
 from prl.tasks import heldout_problems
-from schemas import PolicyVersion, TrainBatch, decode, encode, headers
+from schemas import DecodeError, PolicyVersion, TrainBatch, decode, encode, headers
 from schemas.topics import BATCHES, POLICY
 
 
@@ -94,6 +94,9 @@ class Learner(Service):
         if self.is_main:
             msg, self.exhausted = self.source.next(self.poll_s)
             batch = self.decode_or_dead_letter(msg, TrainBatch) if msg is not None else None
+            if batch is not None and (problem := self.out_of_vocabulary(batch)):
+                self.dead_letter(msg, DecodeError("invalid_value", problem))
+                batch = None
             data = encode(batch) if batch is not None else (b"" if self.exhausted else None)
         if self.dist is not None:
             data = distributed.broadcast_bytes(data, self.dist)
@@ -102,6 +105,15 @@ class Learner(Service):
         elif data is not None:
             self.train_on(decode(data, TrainBatch))
         return self.version >= self.cfg.learner.max_steps or self.exhausted
+
+    def out_of_vocabulary(self, batch: TrainBatch) -> str | None:
+        """Why this batch cannot go through the model (a token id it has no embedding for)."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        for r in batch.rollouts:
+            ids = r.prompt_ids + r.completion_ids
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                return f"rollout {r.rollout_id}: token id outside [0, {vocab})"
+        return None
 
     def train_on(self, batch: TrainBatch) -> None:
         if batch.seq <= self.last_seq:

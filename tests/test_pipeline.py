@@ -171,3 +171,20 @@ def test_health_and_metrics_endpoints(tmp_path):
         assert "prl_scheduler_dispatched" in text
     finally:
         server.close()
+
+
+def test_learner_dead_letters_a_batch_with_out_of_vocabulary_tokens(tmp_path):
+    from learner.service import Learner
+    from schemas import TrainBatch, TrainRollout, encode
+    from schemas.topics import BATCHES
+
+    cfg = small_config(tmp_path)
+    transport = MemoryTransport(broker := MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    learner = Learner(cfg, transport)
+    rollout = TrainRollout("r", "p", 0, False, 1.0, 1.0, 1.0, [1, 2], [3, 10**6], [-0.1, -0.1])
+    transport.publisher().publish(topic_name(cfg.run.name, BATCHES), encode(TrainBatch("b", 0, 0, 1, [rollout])))
+    learner.step()
+    dead = [decode(m.value, DeadLetter) for part in broker.partitions(topic_name(cfg.run.name, DEADLETTER)) for m in part]
+    assert [d.reason for d in dead] == ["invalid_value"] and "token id" in dead[0].detail
+    assert learner.version == 0 and learner.counters["dead_lettered/invalid_value"] == 1
