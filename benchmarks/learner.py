@@ -20,6 +20,8 @@ import torch
 from learner.sources import write_batches
 from schemas import TrainBatch, TrainRollout
 
+from benchmarks.common import write_json
+
 
 def synthetic_batches(n_batches: int, rollouts: int, prompt: int, completion: int, vocab: int = 16):
     g = torch.Generator().manual_seed(0)
@@ -82,9 +84,7 @@ def main(argv=None) -> int:
     print(f"{'2 FSDP2 ranks, gloo (1 thread each)':<34}{results['fsdp2_2_ranks']:>20,.0f}")
     for m, v in micro.items():
         print(f"{f'1 process, micro-batch {m} tokens':<34}{v:>20,.0f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), **results, "micro_batch": micro}, f, indent=2)
+    write_json(args, **results, micro_batch=micro)
     return 0
 
 

@@ -18,6 +18,8 @@ import statistics
 import sys
 import tempfile
 
+from benchmarks.common import write_json
+
 STRATEGIES = {
     "uniform": ["scheduler.strategy='uniform'", "scheduler.replay.enabled=false"],
     "dapo_filter": ["scheduler.strategy='dapo_filter'", "scheduler.replay.enabled=false"],
@@ -152,9 +154,7 @@ def main(argv=None) -> int:
         print(f"final accuracy, full - uniform (medians): {100 * (table['full']['final_median'] - table['uniform']['final_median']):+.1f} points (goal >= +5)")
     curves_png(results, args.png, args.target)
     print(f"curves: {args.png}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "table": table, "runs": results}, f, indent=2)
+    write_json(args, table=table, runs=results)
     return 0
 
 

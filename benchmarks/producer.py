@@ -9,11 +9,12 @@ warm-up call per backend. Engine start-up is reported separately.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
 import time
+
+from benchmarks.common import write_json
 
 
 def measure(backend, prompts, sampling, group_size, calls):
@@ -60,9 +61,7 @@ def main(argv=None) -> int:
     print(f"{'figure':<18}{'vLLM':>14}{'transformers':>16}")
     print(f"{'tokens_per_s':<18}{results['vllm']['tokens_per_s']:>14,.0f}{results['transformers']['tokens_per_s']:>16,.0f}")
     print(f"{'startup_s':<18}{vllm_start:>14.1f}{hf_start:>16.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), **results}, f, indent=2)
+    write_json(args, **results)
     return 0
 
 

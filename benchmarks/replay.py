@@ -10,7 +10,6 @@ recomputed, successive weighted choices), the obvious implementation.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -19,6 +18,8 @@ import numpy as np
 
 from scheduler.replay import ReplayBuffer
 from schemas import TrainRollout
+
+from benchmarks.common import write_json
 
 
 def make_rollouts(rng, n, version, counter):
@@ -89,9 +90,7 @@ def main(argv=None) -> int:
     print(f"{'figure':<22}{'prl (numpy)':>16}{'naive (list)':>16}{'goal':>14}")
     print(f"{'rollouts_per_s':<22}{prl['rollouts_per_s']:>16,.0f}{naive['rollouts_per_s']:>16,.0f}{'>= 100,000':>14}")
     print(f"{'buffer_size':<22}{prl['buffer_size']:>16,}{naive['buffer_size']:>16,}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "prl": prl, "naive": naive}, f, indent=2)
+    write_json(args, prl=prl, naive=naive)
     return 0
 
 

@@ -14,7 +14,6 @@ second, and resident bytes of sampler state per problem.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import tracemalloc
@@ -23,6 +22,8 @@ import numpy as np
 
 from scheduler.priority import PrioritySampler
 from schemas.config import PriorityConfig
+
+from benchmarks.common import write_json
 
 
 class NaiveSortingSampler:
@@ -128,9 +129,7 @@ def main(argv=None) -> int:
     for key, goal in goals.items():
         print(f"{key:<22}{prl[key]:>16,.0f}{naive[key]:>16,.0f}{('<= ' if 'bytes' in key else '>= ') + f'{goal:,}':>12}")
     print(f"{'peak_bytes_per_problem':<22}{prl['peak_bytes_per_problem']:>16,.0f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "prl": prl, "naive": naive, "goals": goals}, f, indent=2)
+    write_json(args, prl=prl, naive=naive, goals=goals)
     return 0
 
 

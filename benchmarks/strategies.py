@@ -5,9 +5,10 @@ signal the priority exists to raise), rollouts generated and held-out accuracy."
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
+
+from benchmarks.common import write_json
 
 STRATEGIES = {
     "uniform": ["scheduler.strategy='uniform'"],
@@ -48,9 +49,7 @@ def main(argv=None) -> int:
     print(f"{'strategy':<24}{'signal share':>14}{'rollouts/step':>15}{'held-out acc':>14}{'seconds':>9}")
     for name, r in results.items():
         print(f"{name:<24}{r['signal_share']:>14.3f}{r['rollouts_per_step']:>15.0f}{r['accuracy_end']:>14.3f}{r['seconds']:>9.0f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
+    write_json(args, results=results)
     return 0
 
 

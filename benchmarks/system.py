@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-GOALS = {"kafka": 0.8, "checkpoint": 0.7, "async": 0.9}
+from benchmarks.common import write_json
 
 
 # -- 1. Kafka path ---------------------------------------------------------------------------
@@ -283,9 +283,7 @@ def main(argv=None) -> int:
         print(f"{label:<44}"
               f"{r['async_steps_per_s']:>14.3f}{r['ideal_steps_per_s']:>14.3f}{r['ratio']:>8.2f}{'>= 0.9':>8}   baseline: ideal 1/max(stage)")
         print(f"{'':<44}{'':>14}{r['sync_steps_per_s']:>14.3f}{r['speedup_vs_sync']:>8.2f}{'':>8}   baseline: the same stages run synchronously")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), **results}, f, indent=2)
+    write_json(args, **results)
     return 0
 
 

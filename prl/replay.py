@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from scheduler.advantages import has_signal
 from scheduler.archive import groups_from_table, read_archive
 from schemas import RolloutGroup, TrainBatch
 
@@ -38,10 +39,6 @@ def load_groups(uri: str) -> list[RolloutGroup]:
 def difficulty(problem_id: str) -> str:
     """The problem's group for plots and priors: the id's prefix before ':' (e.g. add2)."""
     return problem_id.split(":", 1)[0]
-
-
-def has_signal(rewards) -> bool:
-    return len(set(rewards)) > 1
 
 
 # -- report ----------------------------------------------------------------------------------

@@ -105,11 +105,7 @@ def read_archive(uri: str) -> pa.Table:
 
 
 def groups_from_table(table: pa.Table) -> list[RolloutGroup]:
-    from schemas.records import Rollout
+    """The archive's rows as RolloutGroups (the extra columns dropped)."""
+    from schemas.records import _from_row
 
-    out = []
-    for row in table.to_pylist():
-        rollouts = [Rollout(**r) for r in row["rollouts"]]
-        fields = {f.name: row[f.name] for f in RolloutGroup.SCHEMA if f.name != "rollouts"}
-        out.append(RolloutGroup(**fields, rollouts=rollouts))
-    return out
+    return [_from_row(RolloutGroup, row) for row in table.to_pylist()]
