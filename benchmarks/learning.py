@@ -37,7 +37,7 @@ MODES = {  # name: (seeds, rollout budget)
 }
 
 
-def one_run(name: str, seed: int, budget: int, eval_every: int, heldout: int, pool: list[int]) -> dict:
+def one_run(name: str, seed: int, budget: int, eval_every: int, heldout: int, pool: list[int], extra: list[str] = ()) -> dict:
     from prl.metrics import read_metrics
     from prl.run import run_pipeline
     from schemas.config import load_config
@@ -46,7 +46,7 @@ def one_run(name: str, seed: int, budget: int, eval_every: int, heldout: int, po
         cfg = load_config(overrides=[
             *STRATEGIES[name], f"run.run_dir='{run_dir}'", f"run.seed={seed}", "learner.max_steps=100000",
             f"learner.eval_every={eval_every}", f"task.heldout_per_digit={heldout}", f"task.train_per_digit={pool}",
-            "scheduler.archive=false", "scheduler.snapshot_every=0", "learner.keep_checkpoints=1",
+            "scheduler.archive=false", "scheduler.snapshot_every=0", "learner.keep_checkpoints=1", *extra,
         ])
         summary = run_pipeline(cfg, progress=False, max_rollouts=budget)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
@@ -99,6 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=2, help="learner steps between evaluations")
     ap.add_argument("--heldout", type=int, default=100, help="held-out problems per difficulty")
     ap.add_argument("--pool", default="[40, 150, 150, 150]", help="training problems per difficulty (revisited within the budget)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run (e.g. learner.lr=1e-4)")
     ap.add_argument("--png", default="benchmarks/learning_curves.png")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     with tqdm(total=len(args.strategies) * seeds, desc="runs", unit="run") as bar:
         for name in args.strategies:
             for seed in range(seeds):
-                results.setdefault(name, []).append(one_run(name, seed, budget, args.eval_every, args.heldout, pool))
+                results.setdefault(name, []).append(one_run(name, seed, budget, args.eval_every, args.heldout, pool, args.set))
                 bar.set_postfix(strategy=name, acc=f"{results[name][-1]['final']:.3f}")
                 bar.update(1)
 

@@ -1,8 +1,9 @@
 """Composing fresh-anchored TrainBatches (arXiv 2606.04560).
 
-A batch is every fresh rollout first (accepted groups within tau_max, up to the token
-budget), then ``round(replay_ratio * |fresh|)`` rollouts drawn separately from the replay
-buffer, after evicting whatever is older than tau_max. No replay during the first
+A batch is every fresh rollout first (accepted groups within tau_max, less the groups whose
+rewards are all equal when the zero-variance filter is on, up to the token budget), then
+``round(replay_ratio * |fresh|)`` rollouts drawn separately from the replay buffer, after
+evicting whatever is older than tau_max. No replay during the first
 ``warmup_updates`` learner versions. Fresh rollouts enter the buffer only after the draw,
 so no rollout appears twice in one batch.
 """
@@ -13,7 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from scheduler.advantages import group_advantages
+from scheduler.advantages import group_advantages, has_signal
 from scheduler.replay import BANDS, ReplayBuffer, success_band
 from schemas import RolloutGroup, TrainBatch, TrainRollout
 
@@ -44,6 +45,7 @@ class Composition:
     leftover: list[RolloutGroup]  # fresh groups that did not fit the token budget: next batch
     stale_by_band: dict[str, int] = field(default_factory=dict)
     replay_drawn: int = 0
+    zero_signal_dropped: int = 0
 
 
 def compose_batch(
@@ -57,12 +59,15 @@ def compose_batch(
     buffer: ReplayBuffer | None = None,
     replay_ratio: float = 0.0,
     warmup_updates: int = 0,
+    drop_zero_signal: bool = False,
 ) -> Composition:
     stale = {name: 0 for name in BANDS}
-    fresh_groups = []
+    fresh_groups, zero_signal = [], 0
     for g in groups:
         if age(learner_version, g.policy_version) > tau_max:
             stale[BANDS[success_band(sum(g.rewards) / len(g.rewards))]] += 1
+        elif drop_zero_signal and not has_signal(g.rewards):
+            zero_signal += 1
         else:
             fresh_groups.append(g)
     kept, tokens = [], 0
@@ -87,6 +92,6 @@ def compose_batch(
                 tokens += r.num_tokens
         buffer.insert(fresh, [success_band(sum(g.rewards) / len(g.rewards)) for g in kept for _ in g.rollouts])
     if not fresh:
-        return Composition(None, leftover, stale)
+        return Composition(None, leftover, stale, zero_signal_dropped=zero_signal)
     batch = TrainBatch(uuid.uuid4().hex, seq, learner_version, rollouts_generated, fresh + replay, time.time())
-    return Composition(batch, leftover, stale, len(replay))
+    return Composition(batch, leftover, stale, len(replay), zero_signal)

@@ -3,9 +3,10 @@
 Loop, top to bottom:
   1. read the learner's newest PolicyVersion (its version and last trained batch);
   2. accept returned RolloutGroups: ignore unknown or already-answered dispatch ids,
-     update the sampler, drop zero-signal groups if configured, keep the rest as fresh;
+     update the sampler, keep them as fresh (with dynamic sampling, only those with a signal);
   3. re-dispatch what timed out;
-  4. publish a batch when enough fresh groups wait and the learner is not too far behind;
+  4. publish a batch when enough fresh groups wait and the learner is not too far behind
+     (the zero-variance filter and tau_max apply as the batch is composed);
   5. top up dispatches to the in-flight bound.
 """
 
@@ -125,7 +126,7 @@ class Scheduler(Service):
         self.groups_returned += 1
         signal = has_signal(group.rewards)
         self.groups_with_signal += signal
-        if self.cfg.filters_zero_variance and not signal:
+        if self.cfg.dynamic_sampling and not signal:
             self.count("zero_signal_dropped")
         else:
             self.fresh.append(group)
@@ -152,8 +153,11 @@ class Scheduler(Service):
                 groups, seq=self.next_seq, learner_version=self.learner_version, rollouts_generated=self.rollouts_generated,
                 tau_max=cfg.tau_max, max_tokens=cfg.max_batch_tokens, buffer=self.replay,
                 replay_ratio=cfg.replay.ratio, warmup_updates=cfg.replay.warmup_updates,
+                drop_zero_signal=self.cfg.filters_zero_variance,
             )
             self.fresh = comp.leftover + rest
+            if comp.zero_signal_dropped:
+                self.count("zero_signal_dropped", comp.zero_signal_dropped)
             for band, n in comp.stale_by_band.items():
                 if n:
                     self.count(f"stale_groups_dropped/{band}", n)

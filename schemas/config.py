@@ -106,10 +106,11 @@ class SchedulerConfig(Section):
     priority: PriorityConfig = PriorityConfig()
     replay: ReplayConfig = ReplayConfig()
     max_batch_tokens: int = Field(200_000, ge=1, description="Token budget of one TrainBatch (keeps a message under the broker limit).")
-    groups_per_batch: int = Field(16, ge=1, description="Rollout groups (before filtering) that make one training batch.")
+    groups_per_batch: int = Field(16, ge=1, description="Returned rollout groups that make one training batch: what survives the zero-variance filter and tau_max out of this many (with dynamic_sampling: this many groups that carry a signal).")
     max_in_flight: int = Field(32, ge=1, description="Dispatched groups not yet answered, at most.")
     dispatch_timeout_s: float = Field(120.0, gt=0, description="An unanswered dispatch is issued again after this long.")
     filter_zero_variance: bool | None = Field(None, description="Drop groups whose rewards are all equal; unset: off for uniform, on otherwise.")
+    dynamic_sampling: bool | None = Field(None, description="Generate until groups_per_batch groups with a signal fill a batch (DAPO dynamic sampling: full batches, more generation per step); unset: on for dapo_filter, off otherwise.")
     tau_max: int = Field(10, ge=0, description="Rollouts more than tau_max policy versions old are never trained on.")
     max_batches_ahead: int = Field(2, ge=1, description="Batches published but not yet trained, at most.")
     archive: bool = Field(True, description="Write every accepted rollout group to Parquet under <run_dir>/archive (scheduler/archive.py documents the schema).")
@@ -160,12 +161,19 @@ class Config(Section):
         s = self.scheduler
         return s.strategy != "uniform" if s.filter_zero_variance is None else s.filter_zero_variance
 
+    @property
+    def dynamic_sampling(self) -> bool:
+        s = self.scheduler
+        return s.strategy == "dapo_filter" if s.dynamic_sampling is None else s.dynamic_sampling
+
     @model_validator(mode="after")
     def _cross_field(self) -> "Config":
         if self.task.name == "dataset" and not self.task.train_path:
             raise ValueError("task.train_path is required when task.name = 'dataset'")
         if self.scheduler.strategy == "dapo_filter" and self.scheduler.filter_zero_variance is False:
             raise ValueError("scheduler.filter_zero_variance cannot be false with strategy dapo_filter")
+        if self.scheduler.dynamic_sampling and not self.filters_zero_variance:
+            raise ValueError("scheduler.dynamic_sampling needs the zero-variance filter (scheduler.filter_zero_variance)")
         if self.scheduler.max_in_flight < self.scheduler.groups_per_batch:
             raise ValueError("scheduler.max_in_flight must be >= scheduler.groups_per_batch, or no batch can fill")
         kafka = self.transport.kafka

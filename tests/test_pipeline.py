@@ -7,7 +7,7 @@ import pytest
 
 from prl.metrics import MetricsSink
 from prl.transport.memory import MemoryBroker, MemoryTransport
-from schemas import DeadLetter, RolloutGroup, decode, topic_name
+from schemas import DeadLetter, RolloutGroup, decode, encode, headers, topic_name
 from schemas.config import load_config
 from schemas.topics import DEADLETTER, PROBLEMS, ROLLOUTS
 from tests.support.servers import wait_until
@@ -148,6 +148,46 @@ def test_scheduler_stays_at_most_max_batches_ahead(tmp_path):
         scheduler.step()
     assert sum(broker.end_offsets(topic_name(cfg.run.name, BATCHES))) == 2
     assert len(scheduler.in_flight) + len(scheduler.fresh) <= cfg.scheduler.max_in_flight
+
+
+@pytest.mark.parametrize("strategy, dynamic", [("success_variance", False), ("dapo_filter", True)])
+def test_batch_is_what_survives_of_groups_per_batch_unless_dynamic_sampling(tmp_path, strategy, dynamic):
+    """Without dynamic sampling a batch is the groups with a signal among groups_per_batch
+    returned ones (every strategy takes one step per groups_per_batch groups generated);
+    with it (DAPO), generation goes on until groups_per_batch groups with a signal fill it."""
+    from scheduler.service import Scheduler
+    from schemas import Dispatch, Rollout, TrainBatch
+    from schemas.topics import BATCHES
+
+    cfg = small_config(tmp_path, **{"scheduler.strategy": f"'{strategy}'", "scheduler.replay.enabled": "false",
+                                    "scheduler.max_batches_ahead": 100, "scheduler.snapshot_every": 0})
+    assert cfg.dynamic_sampling is dynamic and cfg.filters_zero_variance
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    scheduler = Scheduler(cfg, transport)
+    dispatches = transport.subscriber([topic_name(cfg.run.name, PROBLEMS)], group="producers")
+    batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)
+    pub = transport.publisher()
+    answered, trained = 0, []
+    while answered < 48:  # a scripted producer: every other group is all-wrong (no signal)
+        scheduler.step()
+        for m in dispatches.poll(0.0):
+            d = decode(m.value, Dispatch)
+            rewards = [0.0] * 4 if answered % 2 else [1.0, 0.0, 0.0, 0.0]
+            group = RolloutGroup(d.dispatch_id, d.problem_id, 0, "p", [1, 3], 1.0,
+                                 [Rollout([4, 2], [-0.1, -0.1], r, "stop") for r in rewards])
+            pub.publish(topic_name(cfg.run.name, ROLLOUTS), encode(group), key=d.problem_id.encode(), headers=headers(group))
+            answered += 1
+        trained += [decode(m.value, TrainBatch) for m in batches.poll(0.0)]
+    wait_until(lambda: scheduler.step() or scheduler.groups_returned == answered, 30, "every group accepted")
+    scheduler.step()
+    trained += [decode(m.value, TrainBatch) for m in batches.poll(0.0)]
+    groups_per_batch = cfg.scheduler.groups_per_batch
+    assert all(len({r.problem_id for r in b.rollouts}) == (groups_per_batch if dynamic else groups_per_batch // 2)
+               for b in trained)
+    assert all(any(r.reward for r in b.rollouts[i:i + 4]) for b in trained for i in range(0, len(b.rollouts), 4))
+    assert len(trained) == (answered // 2 // groups_per_batch if dynamic else answered // groups_per_batch)
+    assert scheduler.counters["zero_signal_dropped"] == (answered // 2 if dynamic else len(trained) * groups_per_batch // 2)
 
 
 def test_health_and_metrics_endpoints(tmp_path):

@@ -79,6 +79,19 @@ def test_no_replay_during_warmup_and_stale_fresh_groups_dropped():
     assert comp.stale_by_band["25-50%"] == 1
 
 
+def test_zero_signal_groups_are_dropped_and_counted_when_filtering():
+    groups = [group(0), group(0, rewards=(1.0,) * 4), group(0, rewards=(0.0,) * 4), group(0)]
+    kept = compose_batch(groups, seq=0, learner_version=0, rollouts_generated=0, tau_max=1, max_tokens=10**6,
+                         drop_zero_signal=True)
+    assert [r.problem_id for r in kept.batch.rollouts] == [groups[0].problem_id] * 4 + [groups[3].problem_id] * 4
+    assert kept.zero_signal_dropped == 2 and kept.leftover == []
+    unfiltered = compose_batch(groups, seq=0, learner_version=0, rollouts_generated=0, tau_max=1, max_tokens=10**6)
+    assert len(unfiltered.batch.rollouts) == 16 and unfiltered.zero_signal_dropped == 0
+    nothing = compose_batch(groups[1:3], seq=0, learner_version=0, rollouts_generated=0, tau_max=1, max_tokens=10**6,
+                            drop_zero_signal=True)
+    assert nothing.batch is None and nothing.zero_signal_dropped == 2
+
+
 def test_token_budget_carries_groups_over():
     groups = [group(0, completion=10) for _ in range(4)]  # 4 x 4 x (2 + 10) = 48 tokens each group
     comp = compose_batch(groups, seq=0, learner_version=0, rollouts_generated=0, tau_max=1, max_tokens=100)
