@@ -61,6 +61,12 @@ def load_state(model, state: dict) -> None:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
+def weights_exist(uri: str) -> bool:
+    """Whether ``<checkpoint uri>/model.safetensors`` is (still) there."""
+    fs, path = fsspec.core.url_to_fs(uri.rstrip("/") + "/model.safetensors")
+    return fs.exists(path)
+
+
 def read_weights(uri: str) -> dict:
     """The tensors of ``<checkpoint uri>/model.safetensors``."""
     from safetensors.torch import load

@@ -16,6 +16,7 @@ import time
 
 from producers.backends import Request, make_backend
 from producers.rewards import RewardRunner, load_reward
+from prl.models import weights_exist
 from prl.service import Service
 from schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup, encode, headers
 from schemas.topics import POLICY, PROBLEMS, ROLLOUTS
@@ -67,7 +68,16 @@ class Producer(Service):
                 newest = record
         if newest is not None and newest.version > self.backend.version:
             t0 = time.perf_counter()
-            self.backend.load_weights(newest.checkpoint_uri, newest.version)
+            try:
+                self.backend.load_weights(newest.checkpoint_uri, newest.version)
+            except Exception:
+                if weights_exist(newest.checkpoint_uri):
+                    raise
+                # The learner keeps its last few checkpoints only: this one was superseded and
+                # deleted before we read it. The newer one's announcement follows.
+                self.count("superseded_checkpoints_skipped")
+                self.log.info("checkpoint_superseded", policy_version=newest.version, uri=newest.checkpoint_uri)
+                return
             self.log.info("weights_loaded", policy_version=newest.version, seconds=round(time.perf_counter() - t0, 3))
 
     def prepare(self, d: Dispatch) -> list[int] | str:

@@ -190,6 +190,41 @@ def test_batch_is_what_survives_of_groups_per_batch_unless_dynamic_sampling(tmp_
     assert scheduler.counters["zero_signal_dropped"] == (answered // 2 if dynamic else len(trained) * groups_per_batch // 2)
 
 
+def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path):
+    """The learner keeps its last few checkpoints: a producer that reads an announcement
+    late finds the checkpoint gone, skips it and loads the next one; a checkpoint that is
+    there but unreadable is still an error."""
+    import shutil
+
+    from producers.service import Producer
+    from prl.models import resolve_model_dir
+    from schemas import PolicyVersion
+    from schemas.topics import POLICY
+
+    cfg = small_config(tmp_path)
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    producer = Producer(cfg, transport)
+    pub = transport.publisher()
+
+    def announce(version, uri):
+        record = PolicyVersion(version, uri, version - 1)
+        pub.publish(topic_name(cfg.run.name, POLICY), encode(record), key=b"run", headers=headers(record))
+
+    announce(3, f"file://{tmp_path}/checkpoints/step-00000003")  # already deleted
+    producer.step()
+    assert producer.backend.version == 0 and producer.counters["superseded_checkpoints_skipped"] == 1
+    good = tmp_path / "step-00000004"
+    shutil.copytree(resolve_model_dir(cfg.model.path), good)
+    announce(4, f"file://{good}")
+    producer.step()
+    assert producer.backend.version == 4
+    (good / "model.safetensors").write_bytes(b"not safetensors")
+    announce(5, f"file://{good}")
+    with pytest.raises(Exception):
+        producer.step()
+
+
 def test_health_and_metrics_endpoints(tmp_path):
     import urllib.request
 
