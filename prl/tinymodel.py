@@ -2,15 +2,20 @@
 
 It is saved in Hugging Face layout (config.json, model.safetensors, tokenizer.json), so
 transformers and vLLM load it like any other model. ``build`` makes it from scratch:
-random weights, then a short supervised warm start on the training side of the
-addition task with hard problems under-represented, so that the policy solves easy
-problems sometimes and hard ones rarely (room for RL to teach). Half of the warm-start
-answers are written in the other digit order (most significant first): like a
-pretrained model that has seen several formats, the base is unsure which one the
-reward wants, and GRPO has a fast, general lesson to teach (commit to the reversed
-order) on top of the slow one (get more sums right). The shipped copy under
-prl/assets/tiny-adder was made by
-``python -m prl.tinymodel prl/assets/tiny-adder --steps 600 --normal-share 0.5`` (45 s).
+random weights, then a short supervised warm start on the training side of the addition
+task, stopped early on purpose, like a pretrained model that half knows the skill:
+
+- only 1- and 2-digit sums are shown (measured: with 3- or 4-digit sums in the mix, this
+  0.8M-parameter model never learns the second digit of a 2-digit sum; on 1-2 digits alone
+  it learns it to 0.56 in 500 steps and 0.99 in 3,000);
+- it stops after ``steps`` (default 250), mid-way through learning to carry: greedy held-out
+  accuracy 0.79 / 0.43 / 0 / 0 on 1 / 2 / 3 / 4 digits, and 75% of 2-digit problems solved by
+  at least one of 8 samples (at 300 steps 2-digit is 0.65, at 400 0.94).
+
+So RL has a real lesson to teach (carrying on 2-digit sums) on problems of medium
+difficulty, beside problems already solved (1-digit) and out of reach (3-4 digits), where
+uniform sampling wastes its rollouts. The shipped copy under prl/assets/tiny-adder was
+made by ``python -m prl.tinymodel prl/assets/tiny-adder`` (about 15 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -63,9 +68,8 @@ def build_config():
     )
 
 
-def sft_examples(rng: random.Random, n: int, digit_weights: list[float], normal_share: float = 0.0) -> list[list[int]]:
-    """Token ids of ``n`` solved training-side problems, difficulty drawn by weight; a
-    ``normal_share`` of answers is written most significant digit first (the other format)."""
+def sft_examples(rng: random.Random, n: int, digit_weights: list[float]) -> list[list[int]]:
+    """Token ids of ``n`` solved training-side problems, difficulty drawn by weight."""
     seqs = []
     while len(seqs) < n:
         d = rng.choices(range(1, len(digit_weights) + 1), digit_weights)[0]
@@ -73,8 +77,7 @@ def sft_examples(rng: random.Random, n: int, digit_weights: list[float], normal_
         p = addition.make_problem(rng.randint(lo, hi), rng.randint(lo, hi), d)
         if addition.is_heldout(p.id):
             continue
-        answer = p.answer[::-1] if rng.random() < normal_share else p.answer
-        seqs.append([BOS, *encode(p.prompt), *encode(answer), EOS])
+        seqs.append([BOS, *encode(p.prompt), *encode(p.answer), EOS])
     return seqs
 
 
@@ -82,15 +85,18 @@ def encode(text: str) -> list[int]:
     return [VOCAB.index(c) for c in text]
 
 
-def warm_start(model, steps: int, seed: int, digit_weights: list[float], normal_share: float = 0.0, lr: float = 1e-3, batch: int = 64):
+def warm_start(model, steps: int, seed: int, digit_weights: list[float], lr: float = 1e-3, batch: int = 64,
+               warmup: int = 100):
+    """Supervised steps on the answers (not the prompts); lr rises linearly for ``warmup``
+    steps, then stays constant (the base is stopped mid-way, not annealed)."""
     import torch
 
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup))
     model.train()
     for step in range(steps):
-        seqs = sft_examples(rng, batch, digit_weights, normal_share)
+        seqs = sft_examples(rng, batch, digit_weights)
         width = max(map(len, seqs))
         ids = torch.tensor([s + [PAD] * (width - len(s)) for s in seqs])
         labels = ids.clone()
@@ -108,14 +114,14 @@ def warm_start(model, steps: int, seed: int, digit_weights: list[float], normal_
     model.eval()
 
 
-def build(out_dir: Path, steps: int = 600, seed: int = 0, digit_weights=(0.3, 0.45, 0.2, 0.05), normal_share: float = 0.5) -> Path:
+def build(out_dir: Path, steps: int = 250, seed: int = 0, digit_weights=(0.3, 0.7)) -> Path:
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     model = LlamaForCausalLM(build_config())
-    warm_start(model, steps, seed, list(digit_weights), normal_share)
+    warm_start(model, steps, seed, list(digit_weights))
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     build_tokenizer().save_pretrained(out_dir)
@@ -126,11 +132,10 @@ def build(out_dir: Path, steps: int = 600, seed: int = 0, digit_weights=(0.3, 0.
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=250, help="warm-start steps (stopped early on purpose)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--normal-share", type=float, default=0.5, help="share of warm-start answers in the other digit order")
     args = ap.parse_args()
-    build(args.out_dir, args.steps, args.seed, normal_share=args.normal_share)
+    build(args.out_dir, args.steps, args.seed)
 
 
 if __name__ == "__main__":
