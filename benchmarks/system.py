@@ -3,7 +3,7 @@ baseline in the same run:
 
 1. kafka:      RolloutGroups of 2,000-token rollouts through prl's Kafka transport (encode,
                publish, consume, decode) vs raw kafka-python sending and reading the same bytes;
-2. checkpoint: a learner checkpoint through fsspec (data, manifest with sha256, latest) vs a
+2. checkpoint: a learner checkpoint through fsspec (data, CRC-32C manifest, latest) vs a
                raw copy of the same bytes to the same disk;
 3. async:      learner steps per second of the in-process pipeline with simulated generation
                latency, vs the ideal 1 / max(stage time) and vs the same stages run one after
@@ -42,8 +42,10 @@ def rollout_groups(n: int, tokens: int, group_size: int, seed: int = 0):
     return out
 
 
-def bench_kafka(bootstrap: str, groups, max_bytes: int) -> dict:
-    from kafka import KafkaConsumer, KafkaProducer
+def bench_kafka(bootstrap: str, groups, max_bytes: int, repeats: int) -> dict:
+    """Median seconds over ``repeats`` rounds, each on fresh topics, the two sides taking
+    turns to go first (so neither always meets a warmer broker)."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     from prl.transport.kafka import KafkaTransport
     from schemas import RolloutGroup, decode, encode, headers
@@ -51,43 +53,56 @@ def bench_kafka(bootstrap: str, groups, max_bytes: int) -> dict:
 
     cfg = KafkaConfig(bootstrap_servers=bootstrap, max_message_bytes=max_bytes)
     transport = KafkaTransport(cfg)
-    run = f"bench{int(time.time())}"
-    transport.ensure_topics(run)
     rollouts = sum(len(g.rollouts) for g in groups)
-
-    topic = f"{run}.rollouts"
-    t0 = time.perf_counter()
-    pub = transport.publisher()
-    for g in groups:
-        pub.publish(topic, encode(g), key=g.problem_id.encode(), headers=headers(g))
-    pub.flush()
-    sub = transport.subscriber([topic], group=None)
-    got = 0
-    while got < len(groups):
-        got += sum(len(decode(m.value, RolloutGroup).rollouts) > 0 for m in sub.poll(5.0))
-    prl_s = time.perf_counter() - t0
-    sub.close()
-    pub.close()
-
     payloads = [encode(g) for g in groups]  # the same bytes, encoded outside the raw timing
-    raw_topic = f"{run}.deadletter"  # an existing topic with the same limits
-    t0 = time.perf_counter()
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, compression_type="zstd",
-                             max_request_size=max_bytes, linger_ms=5)
-    for i, p in enumerate(payloads):
-        producer.send(raw_topic, value=p, key=f"p{i}".encode())
-    producer.flush()
-    consumer = KafkaConsumer(raw_topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
-                             fetch_max_bytes=max_bytes, max_partition_fetch_bytes=max_bytes)
-    got = 0
-    while got < len(payloads):
-        got += sum(len(v) for v in consumer.poll(timeout_ms=5000).values())
-    raw_s = time.perf_counter() - t0
-    consumer.close()
-    producer.close()
+
+    def prl_once(topic: str) -> float:
+        t0 = time.perf_counter()
+        pub = transport.publisher()
+        for g in groups:
+            pub.publish(topic, encode(g), key=g.problem_id.encode(), headers=headers(g))
+        pub.flush()
+        sub = transport.subscriber([topic], group=None)
+        got = 0
+        while got < len(groups):
+            got += sum(len(decode(m.value, RolloutGroup).rollouts) > 0 for m in sub.poll(5.0))
+        seconds = time.perf_counter() - t0
+        sub.close()
+        pub.close()
+        return seconds
+
+    def raw_once(topic: str) -> float:
+        t0 = time.perf_counter()
+        producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, compression_type="zstd",
+                                 max_request_size=max_bytes, linger_ms=5)
+        for i, p in enumerate(payloads):
+            producer.send(topic, value=p, key=f"p{i}".encode())
+        producer.flush()
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=max_bytes,
+                                 max_partition_fetch_bytes=max_bytes)
+        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(parts)  # as prl's subscriber does: no subscription round trip before the first fetch
+        consumer.seek_to_beginning(*parts)
+        got = 0
+        while got < len(payloads):
+            got += sum(len(v) for v in consumer.poll(timeout_ms=5000).values())
+        seconds = time.perf_counter() - t0
+        consumer.close()
+        producer.close()
+        return seconds
+
+    prl_times, raw_times = [], []
+    for i in range(repeats):
+        run = f"bench{int(time.time())}r{i}"
+        for side in ("prl", "raw"):  # each side its own rollouts topic: same partitions, same keys
+            transport.ensure_topics(f"{run}{side}")
+        sides = [(prl_times, prl_once, f"{run}prl.rollouts"), (raw_times, raw_once, f"{run}raw.rollouts")]
+        for times, once, topic in sides if i % 2 == 0 else sides[::-1]:
+            times.append(once(topic))
+    prl_s, raw_s = float(np.median(prl_times)), float(np.median(raw_times))
     mb = sum(map(len, payloads)) / 1e6
     return {"rollouts_per_s": rollouts / prl_s, "raw_rollouts_per_s": rollouts / raw_s, "MB": round(mb, 1),
-            "prl_MB_per_s": mb / prl_s, "raw_MB_per_s": mb / raw_s, "ratio": raw_s / prl_s}
+            "prl_MB_per_s": mb / prl_s, "raw_MB_per_s": mb / raw_s, "ratio": raw_s / prl_s, "repeats": repeats}
 
 
 # -- 2. checkpoint ---------------------------------------------------------------------------
@@ -95,6 +110,7 @@ def bench_checkpoint(params_m: float, repeats: int) -> dict:
     import torch
 
     from learner import checkpoint
+    from prl import storage
     from prl.models import resolve_model_dir
 
     hidden = 1024
@@ -105,24 +121,36 @@ def bench_checkpoint(params_m: float, repeats: int) -> dict:
     optimizer.step()
     weights = {k: v.detach() for k, v in model.state_dict().items()}
     base = resolve_model_dir("builtin:tiny-adder")
-    prl_times, raw_times, nbytes = [], [], 0
+    files = {}  # the bytes of one prl checkpoint, read back: what the raw copy writes
+
+    def prl_once(i: int) -> float:
+        t0 = time.perf_counter()
+        uri = checkpoint.write_checkpoint(f"file://{tmp}/run", i + 1, weights, optimizer, {"last_batch_seq": i}, base, 2)
+        seconds = time.perf_counter() - t0  # complete and ``latest`` moved; the superseded one is deleted after
+        storage.wait_for_pruning()  # ... and not while the other side is timed
+        src = uri.removeprefix("file://")
+        files.update({name: Path(src, name).read_bytes() for name in os.listdir(src)})
+        return seconds
+
+    def raw_once(i: int) -> float:
+        dst = f"{tmp}/raw-{i}"
+        t0 = time.perf_counter()
+        os.makedirs(dst)
+        for name, data in files.items():  # the same bytes, already in memory, plainly written
+            with open(f"{dst}/{name}", "wb") as f:
+                f.write(data)
+        seconds = time.perf_counter() - t0
+        shutil.rmtree(dst)
+        return seconds
+
+    prl_times, raw_times = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            uri = checkpoint.write_checkpoint(f"file://{tmp}/run", i + 1, weights, optimizer, {"last_batch_seq": i}, base, 2)
-            prl_times.append(time.perf_counter() - t0)
-            src = uri.removeprefix("file://")
-            files = [os.path.join(src, f) for f in os.listdir(src)]
-            blobs = {os.path.basename(f): open(f, "rb").read() for f in files}  # noqa: SIM115
-            nbytes = sum(map(len, blobs.values()))
-            dst = f"{tmp}/raw-{i}"
-            t0 = time.perf_counter()
-            os.makedirs(dst)
-            for name, data in blobs.items():  # the same bytes, already in memory, plainly written
-                with open(f"{dst}/{name}", "wb") as f:
-                    f.write(data)
-            raw_times.append(time.perf_counter() - t0)
-            shutil.rmtree(dst)
+        prl_once(0)  # the first write fills ``files``; neither side is timed on a cold start
+        for i in range(1, repeats + 1):  # sides take turns going first; each starts with no dirty pages
+            for times, once in [(prl_times, prl_once), (raw_times, raw_once)][:: 1 if i % 2 else -1]:
+                os.sync()
+                times.append(once(i))
+    nbytes = sum(map(len, files.values()))
     prl_s, raw_s = float(np.median(prl_times)), float(np.median(raw_times))
     return {"MB": round(nbytes / 1e6, 1), "prl_s": prl_s, "raw_s": raw_s, "prl_MB_per_s": nbytes / 1e6 / prl_s,
             "raw_MB_per_s": nbytes / 1e6 / raw_s, "ratio": raw_s / prl_s}
@@ -235,7 +263,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=2000, help="tokens per rollout")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--params-m", type=float, default=50.0, help="checkpointed model size, millions of parameters")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="rounds of the kafka and checkpoint figures (medians)")
     ap.add_argument("--latency", type=float, default=0.5, help="simulated generation seconds per producer call")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--warmup", type=int, default=4)
@@ -257,7 +285,8 @@ def main(argv=None) -> int:
             broker = KafkaBroker()
             bootstrap = broker.bootstrap
         try:
-            results["kafka"] = bench_kafka(bootstrap, rollout_groups(args.groups, args.tokens, args.group_size), 64 << 20)
+            results["kafka"] = bench_kafka(bootstrap, rollout_groups(args.groups, args.tokens, args.group_size), 64 << 20,
+                                           args.repeats)
         finally:
             if broker is not None:
                 broker.stop()

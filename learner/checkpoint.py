@@ -97,7 +97,8 @@ def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: d
             if (base_model_dir / fname).exists():
                 files[fname] = (base_model_dir / fname).read_bytes()
         written = {optimizer_shard_name(r, world): h for r, h in enumerate(digests)}
-        uri = storage.write_versioned(root(run_dir), name, files, keep, meta={"step": step}, written=written)
+        uri = storage.write_versioned(root(run_dir), name, files, keep, meta={"step": step}, written=written,
+                                      prune_in_background=True)  # the next step need not wait for deletions
     if d is not None:
         from learner.distributed import barrier
 

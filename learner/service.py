@@ -20,6 +20,7 @@ from learner import checkpoint, distributed
 from learner.evaluate import heldout_accuracy
 from learner.sources import FileSource, TopicSource
 from learner.train import make_optimizer, train_step
+from prl import storage
 from prl.models import export_state, load_model, load_tokenizer, resolve_model_dir
 from prl.service import Service
 from producers.backends import TransformersBackend
@@ -190,6 +191,7 @@ class Learner(Service):
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
+        storage.wait_for_pruning()  # old checkpoints are deleted in the background
         super().close()
         if self.dist is not None:
             import torch.distributed as tdist

@@ -8,10 +8,10 @@ Used for learner checkpoints and scheduler snapshots. Layout under ``root``::
 
 A crash mid-write leaves at worst a directory without a manifest, which ``latest`` never
 points at; reads check every checksum. Checksums are CRC-32C (``crc32c:<hex>``, hardware
-speed: a SHA-256 would cost more than the write itself); manifests from before carry a
+speed, computed beside the write: a SHA-256 would cost more than the write itself); manifests from before carry a
 SHA-256 hex digest, which reads still accept. A file may be given as bytes or as a sequence
-of buffers (streamed, never joined in memory: see :func:`safetensors_chunks`). Older directories beyond ``keep`` are deleted only
-after a newer one is complete.
+of buffers (streamed, never joined in memory: see :func:`safetensors_chunks`). Older
+directories beyond ``keep`` are deleted only after a newer one is complete.
 """
 
 from __future__ import annotations
@@ -20,11 +20,14 @@ import hashlib
 import json
 import struct
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import crc32c
 import fsspec
+import structlog
 
 Data = bytes | Iterable  # bytes, or buffers written one after the other
+log = structlog.get_logger("storage")
 
 
 class StorageError(RuntimeError):
@@ -36,15 +39,25 @@ def checksum(data: bytes) -> str:
 
 
 def _write(fs, path: str, data: Data) -> str:
-    """Write ``data`` to ``path``; return its checksum."""
+    """Write ``data`` to ``path``; return its checksum. Buffers are checksummed on a second
+    thread while they are written (both release the GIL), so the checksum costs no time
+    next to the write."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         fs.pipe_file(path, bytes(data))
         return checksum(data)
     crc = 0
-    with fs.open(path, "wb") as f:
+
+    def extend(chunk) -> None:  # one worker: runs in submission order
+        nonlocal crc
+        crc = crc32c.crc32c(chunk, crc)
+
+    with ThreadPoolExecutor(1) as checksummer, fs.open(path, "wb") as f:
+        pending = []
         for chunk in data:
+            pending.append(checksummer.submit(extend, chunk))
             f.write(chunk)
-            crc = crc32c.crc32c(chunk, crc)
+        for done in pending:
+            done.result()
     return f"crc32c:{crc:08x}"
 
 
@@ -64,9 +77,11 @@ def write_file(root: str, name: str, fname: str, data: Data) -> str:
 
 
 def write_versioned(root: str, name: str, files: dict[str, Data], keep: int, meta: dict | None = None,
-                    written: dict[str, str] | None = None) -> str:
+                    written: dict[str, str] | None = None, prune_in_background: bool = False) -> str:
     """Write ``files`` under ``root/name``, then the manifest (covering ``written`` too: files
-    already there, name -> checksum), then ``latest``; return the URI."""
+    already there, name -> checksum), then ``latest``; return the URI. Older versions beyond
+    ``keep`` are deleted afterwards, on a background thread if asked (deleting a large
+    checkpoint takes about as long as a third of writing one; see :func:`wait_for_pruning`)."""
     fs, path = fsspec.core.url_to_fs(root.rstrip("/") + "/" + name)
     fs.makedirs(path, exist_ok=True)
     manifest = dict(written or {})
@@ -74,7 +89,10 @@ def write_versioned(root: str, name: str, files: dict[str, Data], keep: int, met
         manifest[fname] = _write(fs, f"{path}/{fname}", data)
     fs.pipe_file(f"{path}/manifest.json", json.dumps(manifest).encode())
     fs.pipe_file(path.rsplit("/", 1)[0] + "/latest", json.dumps({**(meta or {}), "name": name}).encode())
-    prune(root, keep, current=name)
+    if prune_in_background:
+        _pruner.submit(_prune_logged, root, keep, name)
+    else:
+        prune(root, keep, current=name)
     return root.rstrip("/") + "/" + name
 
 
@@ -86,11 +104,28 @@ def list_versions(root: str, prefix: str) -> list[str]:
 
 
 def prune(root: str, keep: int, current: str) -> None:
+    """Delete the versions older than ``current`` beyond ``keep`` (``current`` counted); a
+    newer one, perhaps still being written, is never touched."""
     prefix = current.rsplit("-", 1)[0] + "-"
-    older = [n for n in list_versions(root, prefix) if n != current]
+    older = [n for n in list_versions(root, prefix) if n < current]
     fs, path = fsspec.core.url_to_fs(root)
     for name in older[: max(0, len(older) - (keep - 1))]:
         fs.rm(f"{path}/{name}", recursive=True)
+
+
+_pruner = ThreadPoolExecutor(1, thread_name_prefix="prl-prune")  # one worker: deletions in order
+
+
+def _prune_logged(root: str, keep: int, current: str) -> None:
+    try:
+        prune(root, keep, current)
+    except Exception as exc:  # a failed deletion loses nothing; the next prune retries it
+        log.warning("prune_failed", root=root, current=current, error=repr(exc))
+
+
+def wait_for_pruning() -> None:
+    """Return once every background deletion submitted so far has finished."""
+    _pruner.submit(lambda: None).result()
 
 
 def read_latest(root: str) -> dict | None:

@@ -42,6 +42,15 @@ def test_latest_is_written_last_and_keeps_n(root):
     assert storage.read_verified(storage.latest_uri(root), "data.bin") == bytes([3]) * 100
 
 
+def test_background_pruning_keeps_n_and_never_touches_a_newer_version(root):
+    storage.write_file(root, "v-0009", "data.bin", b"a newer version still being written")
+    for i in range(3):
+        storage.write_versioned(root, f"v-{i:04d}", {"data.bin": bytes([i])}, keep=1, prune_in_background=True)
+    storage.wait_for_pruning()
+    assert storage.list_versions(root, "v-") == ["v-0002", "v-0009"]
+    assert storage.read_latest(root)["name"] == "v-0002"
+
+
 def test_a_crash_mid_write_leaves_the_previous_version_loadable(root):
     storage.write_versioned(root, "v-0001", {"data.bin": b"complete"}, keep=3)
     storage.write_file(root, "v-0002", "data.bin", b"half of a new version, no manifest, no latest")
