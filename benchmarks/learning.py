@@ -71,7 +71,7 @@ def one_run(name: str, seed: int, budget: int, eval_every: int, heldout: int, po
     return {"curve": [(r["rollouts_generated"], r["learner/eval/accuracy"]) for r in evals],
             "times": training_seconds(evals), "eval_steps": [r["step"] for r in evals],
             "by_difficulty": {k.rsplit("_", 1)[-1]: [r[k] for r in evals] for k in evals[-1] if k.startswith("learner/eval/accuracy_")},
-            "final": evals[-1]["learner/eval/accuracy"], "start": evals[0]["learner/eval/accuracy"], "signal_share": sched["scheduler/signal_share"],
+            "start": evals[0]["learner/eval/accuracy"], "signal_share": sched["scheduler/signal_share"],
             "zero_signal_rollouts": round((returned - with_signal) * cfg.sampling.group_size),
             "rollouts": summary["rollouts_generated"], "seconds": summary["seconds"], "steps": summary["steps"]}
 
@@ -88,7 +88,11 @@ def training_seconds(evals: list[dict]) -> list[float]:
 
 def smoothed(values: list[float], window: int) -> list[float]:
     """Trailing mean over the last ``window`` values (fewer at the start)."""
-    return [sum(values[max(0, i + 1 - window) : i + 1]) / len(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i + 1 - window) : i + 1]
+        out.append(sum(part) / len(part))
+    return out
 
 
 def difficulty_finals(runs: list[dict], smooth: int) -> dict[str, float]:
@@ -144,7 +148,7 @@ def curves_png(results: dict, out: str, target: float, smooth: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learning", description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 3 seeds, 12k rollouts (about 25 min); long: 5 seeds, 24k")
+    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 3 seeds, 12k rollouts (12 min on 2 cores); long: 5 seeds, 24k")
     ap.add_argument("--seeds", type=int, help="override the mode's seed count")
     ap.add_argument("--budget", type=int, help="rollouts generated per run (override the mode's)")
     ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
@@ -159,7 +163,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from tqdm import tqdm
-
     from transformers.utils import logging as hf_logging
 
     from prl import logs
@@ -175,7 +178,7 @@ def main(argv=None) -> int:
             for seed in range(seeds):
                 run = one_run(name, seed, budget, args.eval_every, args.heldout, pool, args.set)
                 run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
-                run["final"] = run["smoothed"][-1]
+                run["final"] = run["smoothed"][-1]  # the accuracy the run ends with
                 results.setdefault(name, []).append(run)
                 bar.set_postfix(strategy=name, acc=f"{results[name][-1]['final']:.3f}")
                 bar.update(1)
@@ -209,8 +212,8 @@ def main(argv=None) -> int:
     first = next(iter(results.values()))[0]["by_difficulty"]
     print("final accuracy per difficulty, median over seeds (start: " + ", ".join(f"{d} {v[0]:.2f}" for d, v in first.items()) + ")")
     for name, runs in results.items():
-        table[name]["final_by_difficulty"] = finals = difficulty_finals(runs, args.smooth)
-        print(f"  {name:<25}" + "  ".join(f"{d} {v:.3f}" for d, v in finals.items()))
+        table[name]["final_by_difficulty"] = per_difficulty = difficulty_finals(runs, args.smooth)
+        print(f"  {name:<25}" + "  ".join(f"{d} {v:.3f}" for d, v in per_difficulty.items()))
     base = {k: table[k]["rollouts_to_target_median"] for k in ("uniform", "dapo_filter") if k in table}
     if "full" in table and table["full"]["rollouts_to_target_median"]:
         for k, v in base.items():
