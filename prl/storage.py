@@ -8,10 +8,11 @@ Used for learner checkpoints and scheduler snapshots. Layout under ``root``::
 
 A crash mid-write leaves at worst a directory without a manifest, which ``latest`` never
 points at; reads check every checksum. Checksums are CRC-32C (``crc32c:<hex>``, hardware
-speed, computed beside the write: a SHA-256 would cost more than the write itself); manifests from before carry a
-SHA-256 hex digest, which reads still accept. A file may be given as bytes or as a sequence
-of buffers (streamed, never joined in memory: see :func:`safetensors_chunks`). Older
-directories beyond ``keep`` are deleted only after a newer one is complete.
+speed, computed beside the write: a SHA-256 would cost more than the write itself);
+manifests from before carry a SHA-256 hex digest, which reads still accept. A file may be
+given as bytes or as a sequence of buffers (streamed, never joined in memory: see
+:func:`safetensors_chunks`). Older directories beyond ``keep`` are deleted only after a
+newer one is complete.
 """
 
 from __future__ import annotations
