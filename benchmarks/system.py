@@ -36,9 +36,9 @@ def rollout_groups(n: int, tokens: int, group_size: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        rollouts = [Rollout(rng.integers(0, 150_000, tokens).tolist(), (-rng.random(tokens)).astype(np.float32).tolist(),
+        rollouts = [Rollout(rng.integers(0, 150_000, tokens, dtype=np.int32), -rng.random(tokens, dtype=np.float32),
                             1.0, "length", "") for _ in range(group_size)]
-        out.append(RolloutGroup(f"d{i}", f"p{i}", 0, "bench", rng.integers(0, 150_000, 200).tolist(), 1.0, rollouts))
+        out.append(RolloutGroup(f"d{i}", f"p{i}", 0, "bench", rng.integers(0, 150_000, 200, dtype=np.int32), 1.0, rollouts))
     return out
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
+import numpy as np
+
 from learner import checkpoint, distributed
 from learner.evaluate import heldout_accuracy
 from learner.sources import FileSource, TopicSource
@@ -111,8 +113,8 @@ class Learner(Service):
         """Why this batch cannot go through the model (a token id it has no embedding for)."""
         vocab = self.model.get_input_embeddings().num_embeddings
         for r in batch.rollouts:
-            ids = r.prompt_ids + r.completion_ids
-            if ids and (min(ids) < 0 or max(ids) >= vocab):
+            ids = np.concatenate([r.prompt_ids, r.completion_ids])
+            if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
                 return f"rollout {r.rollout_id}: token id outside [0, {vocab})"
         return None
 

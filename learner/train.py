@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from learner.grpo import clipped_surrogate, policy_ratio
@@ -32,8 +33,8 @@ def pack(rollouts: list[TrainRollout], pad_id: int = 0) -> PackedBatch:
     mask = torch.zeros((B, width - 1))
     old = torch.zeros((B, width - 1))
     for i, r in enumerate(rollouts):
-        seq = r.prompt_ids + r.completion_ids
-        ids[i, : len(seq)] = torch.tensor(seq)
+        seq = np.concatenate([r.prompt_ids, r.completion_ids])
+        ids[i, : len(seq)] = torch.from_numpy(seq)
         attn[i, : len(seq)] = 1
         start = len(r.prompt_ids) - 1  # logits at position t predict token t+1
         mask[i, start : start + len(r.completion_ids)] = 1

@@ -14,6 +14,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from schemas import DecodeError, decode
 from schemas.topics import TOPICS, topic_name
 
@@ -150,8 +152,10 @@ def describe(record, brief: bool = False) -> dict:
                 out["first_text"] = texts[0][:40]
         elif isinstance(value, bytes):
             out[name] = f"<{len(value)} bytes>"
-        elif isinstance(value, list) and len(value) > 8:
+        elif isinstance(value, (list, np.ndarray)) and len(value) > 8:
             out[name] = f"<{len(value)} items>"
+        elif isinstance(value, np.ndarray):
+            out[name] = value.tolist()
         elif hasattr(value, "__dataclass_fields__"):
             out[name] = vars(value)
         else:

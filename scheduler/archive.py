@@ -106,6 +106,6 @@ def read_archive(uri: str) -> pa.Table:
 
 def groups_from_table(table: pa.Table) -> list[RolloutGroup]:
     """The archive's rows as RolloutGroups (the extra columns dropped)."""
-    from schemas.records import _from_row
+    from schemas.records import from_table
 
-    return [_from_row(RolloutGroup, row) for row in table.to_pylist()]
+    return from_table(table, RolloutGroup)

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -31,6 +32,32 @@ EXAMPLES = [
 def test_round_trip(record):
     assert decode(encode(record)) == record
     assert decode(encode(record), type(record)) == record
+
+
+def test_token_fields_are_numpy_arrays_and_decode_as_read_only_views():
+    group = rollout_group()
+    assert group.prompt_ids.dtype == np.int32 and group.rollouts[0].logprobs.dtype == np.float32
+    decoded = decode(encode(group))
+    r = decoded.rollouts[0]
+    assert r.completion_ids.tolist() == [9, 7, 2] and r.logprobs.tolist() == [-0.125, -0.25, -0.5]
+    assert r.completion_ids.dtype == np.int32 and not r.completion_ids.flags.writeable
+    assert decoded != rollout_group(reward=0.5)  # equality compares the arrays and every other field
+    with pytest.raises(ValueError, match="1-D"):
+        Rollout([[1, 2]], [[-0.5, -0.5]], 1.0, "stop")
+
+
+def test_a_null_inside_a_rollout_is_rejected():
+    group = rollout_group()
+    table = records.to_table([group], RolloutGroup)
+    rollouts = table["rollouts"].combine_chunks()
+    inner = rollouts.values
+    ids = pa.array([[9, 7, 2], None], type=pa.list_(pa.int32()))
+    children = [ids if f.name == "completion_ids" else inner.field(f.name) for f in inner.type]
+    nulled = pa.ListArray.from_arrays(rollouts.offsets, pa.StructArray.from_arrays(children, fields=list(inner.type)))
+    table = table.set_column(table.schema.get_field_index("rollouts"), table.schema.field("rollouts"), nulled)
+    with pytest.raises(DecodeError) as exc:
+        decode(_ipc(table))
+    assert exc.value.reason == "null_field" and "completion_ids" in str(exc.value)
 
 
 def test_headers_carry_kind_version_and_policy_version():
