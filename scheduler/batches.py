@@ -61,6 +61,9 @@ def compose_batch(
     warmup_updates: int = 0,
     drop_zero_signal: bool = False,
 ) -> Composition:
+    """A fresh-anchored batch: the fresh groups no older than ``tau_max`` at
+    ``learner_version`` (the version that will train the batch) and, if any, a replayed
+    share drawn from ``buffer`` after its stale rollouts are evicted."""
     stale = {name: 0 for name in BANDS}
     fresh_groups, zero_signal = [], 0
     for g in groups:

@@ -149,8 +149,11 @@ class Scheduler(Service):
         cfg = self.cfg.scheduler
         while len(self.fresh) >= cfg.groups_per_batch and self.batches_ahead() < cfg.max_batches_ahead:
             groups, rest = self.fresh[: cfg.groups_per_batch], self.fresh[cfg.groups_per_batch :]
+            # The learner trains this batch after the ones already ahead of it, one version
+            # each: ages are counted at that version, so nothing arrives older than tau_max.
+            trained_at = self.learner_version + self.batches_ahead()
             comp = compose_batch(
-                groups, seq=self.next_seq, learner_version=self.learner_version, rollouts_generated=self.rollouts_generated,
+                groups, seq=self.next_seq, learner_version=trained_at, rollouts_generated=self.rollouts_generated,
                 tau_max=cfg.tau_max, max_tokens=cfg.max_batch_tokens, buffer=self.replay,
                 replay_ratio=cfg.replay.ratio, warmup_updates=cfg.replay.warmup_updates,
                 drop_zero_signal=self.cfg.filters_zero_variance,

@@ -150,6 +150,43 @@ def test_scheduler_stays_at_most_max_batches_ahead(tmp_path):
     assert len(scheduler.in_flight) + len(scheduler.fresh) <= cfg.scheduler.max_in_flight
 
 
+def test_batches_are_composed_for_the_version_that_will_train_them(tmp_path):
+    """With batches queued ahead of the learner, batch k is trained k versions later than
+    now; rollouts that would be older than tau_max by then are dropped by the scheduler
+    (and counted), so the learner never receives a rollout it has to drop."""
+    from scheduler.service import Scheduler
+    from schemas import Dispatch, Rollout, TrainBatch
+    from schemas.topics import BATCHES
+
+    cfg = small_config(tmp_path, **{"scheduler.tau_max": 2, "scheduler.max_batches_ahead": 5,
+                                    "scheduler.replay.enabled": "false", "scheduler.snapshot_every": 0})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    scheduler = Scheduler(cfg, transport)
+    dispatches = transport.subscriber([topic_name(cfg.run.name, PROBLEMS)], group="producers")
+    batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)
+    pub = transport.publisher()
+    answered = 0
+
+    def answer_all() -> bool:  # a producer stuck at version 0; the learner consumes nothing
+        nonlocal answered
+        scheduler.step()
+        for m in dispatches.poll(0.0):
+            d = decode(m.value, Dispatch)
+            group = RolloutGroup(d.dispatch_id, d.problem_id, 0, "p", [1, 3], 1.0,
+                                 [Rollout([4, 2], [-0.1, -0.1], r, "stop") for r in (1.0, 0.0, 0.0, 0.0)])
+            pub.publish(topic_name(cfg.run.name, ROLLOUTS), encode(group), key=d.problem_id.encode(), headers=headers(group))
+            answered += 1
+        return answered >= 40
+
+    wait_until(answer_all, 30, "40 groups answered (the scheduler stalls if it keeps stale groups)")
+    wait_until(lambda: scheduler.step() or scheduler.groups_returned == answered, 30, "every group accepted")
+    trained = [decode(m.value, TrainBatch) for m in batches.poll(0.0)]
+    assert [b.seq for b in trained] == [0, 1, 2]  # trained at versions 0, 1, 2: version-0 rollouts are age <= 2
+    assert all(b.learner_version == b.seq and max(b.ages(b.learner_version)) <= 2 for b in trained)
+    assert sum(v for k, v in scheduler.counters.items() if k.startswith("stale_groups_dropped/")) == answered - 3 * 4 - len(scheduler.fresh)
+
+
 @pytest.mark.parametrize("strategy, dynamic", [("success_variance", False), ("dapo_filter", True)])
 def test_batch_is_what_survives_of_groups_per_batch_unless_dynamic_sampling(tmp_path, strategy, dynamic):
     """Without dynamic sampling a batch is the groups with a signal among groups_per_batch
