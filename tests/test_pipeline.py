@@ -150,41 +150,64 @@ def test_scheduler_stays_at_most_max_batches_ahead(tmp_path):
     assert len(scheduler.in_flight) + len(scheduler.fresh) <= cfg.scheduler.max_in_flight
 
 
+class ScriptedProducer:
+    """A scheduler on the in-memory transport, its dispatches answered by a script instead of
+    a model: every group is made at policy version 0 with the rewards ``rewards(n)`` gives
+    the n-th answer. No learner consumes the batches."""
+
+    def __init__(self, cfg, rewards):
+        from scheduler.service import Scheduler
+        from schemas.topics import BATCHES
+
+        self.cfg, self.rewards = cfg, rewards
+        transport = MemoryTransport(MemoryBroker())
+        transport.ensure_topics(cfg.run.name)
+        self.scheduler = Scheduler(cfg, transport)
+        self.dispatches = transport.subscriber([topic_name(cfg.run.name, PROBLEMS)], group="producers")
+        self.batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)
+        self.publisher = transport.publisher()
+        self.answered, self.trained = 0, []
+
+    def step(self) -> int:
+        """One scheduler step, then answer what it dispatched; returns the answers so far."""
+        from schemas import Dispatch, Rollout
+
+        self.scheduler.step()
+        for m in self.dispatches.poll(0.0):
+            d = decode(m.value, Dispatch)
+            group = RolloutGroup(d.dispatch_id, d.problem_id, 0, "p", [1, 3], 1.0,
+                                 [Rollout([4, 2], [-0.1, -0.1], r, "stop") for r in self.rewards(self.answered)])
+            self.publisher.publish(topic_name(self.cfg.run.name, ROLLOUTS), encode(group), key=d.problem_id.encode(),
+                                   headers=headers(group))
+            self.answered += 1
+        self.collect()
+        return self.answered
+
+    def settle(self) -> None:
+        """Wait until the scheduler has accepted every answer and published what it will."""
+        wait_until(lambda: self.scheduler.step() or self.scheduler.groups_returned == self.answered, 30, "every group accepted")
+        self.scheduler.step()
+        self.collect()
+
+    def collect(self) -> None:
+        from schemas import TrainBatch
+
+        self.trained += [decode(m.value, TrainBatch) for m in self.batches.poll(0.0)]
+
+
 def test_batches_are_composed_for_the_version_that_will_train_them(tmp_path):
     """With batches queued ahead of the learner, batch k is trained k versions later than
     now; rollouts that would be older than tau_max by then are dropped by the scheduler
     (and counted), so the learner never receives a rollout it has to drop."""
-    from scheduler.service import Scheduler
-    from schemas import Dispatch, Rollout, TrainBatch
-    from schemas.topics import BATCHES
-
     cfg = small_config(tmp_path, **{"scheduler.tau_max": 2, "scheduler.max_batches_ahead": 5,
                                     "scheduler.replay.enabled": "false", "scheduler.snapshot_every": 0})
-    transport = MemoryTransport(MemoryBroker())
-    transport.ensure_topics(cfg.run.name)
-    scheduler = Scheduler(cfg, transport)
-    dispatches = transport.subscriber([topic_name(cfg.run.name, PROBLEMS)], group="producers")
-    batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)
-    pub = transport.publisher()
-    answered = 0
-
-    def answer_all() -> bool:  # a producer stuck at version 0; the learner consumes nothing
-        nonlocal answered
-        scheduler.step()
-        for m in dispatches.poll(0.0):
-            d = decode(m.value, Dispatch)
-            group = RolloutGroup(d.dispatch_id, d.problem_id, 0, "p", [1, 3], 1.0,
-                                 [Rollout([4, 2], [-0.1, -0.1], r, "stop") for r in (1.0, 0.0, 0.0, 0.0)])
-            pub.publish(topic_name(cfg.run.name, ROLLOUTS), encode(group), key=d.problem_id.encode(), headers=headers(group))
-            answered += 1
-        return answered >= 40
-
-    wait_until(answer_all, 30, "40 groups answered (the scheduler stalls if it keeps stale groups)")
-    wait_until(lambda: scheduler.step() or scheduler.groups_returned == answered, 30, "every group accepted")
-    trained = [decode(m.value, TrainBatch) for m in batches.poll(0.0)]
-    assert [b.seq for b in trained] == [0, 1, 2]  # trained at versions 0, 1, 2: version-0 rollouts are age <= 2
-    assert all(b.learner_version == b.seq and max(b.ages(b.learner_version)) <= 2 for b in trained)
-    assert sum(v for k, v in scheduler.counters.items() if k.startswith("stale_groups_dropped/")) == answered - 3 * 4 - len(scheduler.fresh)
+    run = ScriptedProducer(cfg, lambda n: (1.0, 0.0, 0.0, 0.0))  # stuck at version 0
+    wait_until(lambda: run.step() >= 40, 30, "40 groups answered (the scheduler stalls if it keeps stale groups)")
+    run.settle()
+    assert [b.seq for b in run.trained] == [0, 1, 2]  # trained at versions 0, 1, 2: version-0 rollouts are age <= 2
+    assert all(b.learner_version == b.seq and max(b.ages(b.learner_version)) <= 2 for b in run.trained)
+    stale = sum(v for k, v in run.scheduler.counters.items() if k.startswith("stale_groups_dropped/"))
+    assert stale == run.answered - 3 * 4 - len(run.scheduler.fresh)
 
 
 @pytest.mark.parametrize("strategy, dynamic", [("success_variance", False), ("dapo_filter", True)])
@@ -192,39 +215,18 @@ def test_batch_is_what_survives_of_groups_per_batch_unless_dynamic_sampling(tmp_
     """Without dynamic sampling a batch is the groups with a signal among groups_per_batch
     returned ones (every strategy takes one step per groups_per_batch groups generated);
     with it (DAPO), generation goes on until groups_per_batch groups with a signal fill it."""
-    from scheduler.service import Scheduler
-    from schemas import Dispatch, Rollout, TrainBatch
-    from schemas.topics import BATCHES
-
     cfg = small_config(tmp_path, **{"scheduler.strategy": f"'{strategy}'", "scheduler.replay.enabled": "false",
-                                    "scheduler.max_batches_ahead": 100, "scheduler.snapshot_every": 0})
+                                    "scheduler.max_batches_ahead": 100, "scheduler.tau_max": 100, "scheduler.snapshot_every": 0})
     assert cfg.dynamic_sampling is dynamic and cfg.filters_zero_variance
-    transport = MemoryTransport(MemoryBroker())
-    transport.ensure_topics(cfg.run.name)
-    scheduler = Scheduler(cfg, transport)
-    dispatches = transport.subscriber([topic_name(cfg.run.name, PROBLEMS)], group="producers")
-    batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)
-    pub = transport.publisher()
-    answered, trained = 0, []
-    while answered < 48:  # a scripted producer: every other group is all-wrong (no signal)
-        scheduler.step()
-        for m in dispatches.poll(0.0):
-            d = decode(m.value, Dispatch)
-            rewards = [0.0] * 4 if answered % 2 else [1.0, 0.0, 0.0, 0.0]
-            group = RolloutGroup(d.dispatch_id, d.problem_id, 0, "p", [1, 3], 1.0,
-                                 [Rollout([4, 2], [-0.1, -0.1], r, "stop") for r in rewards])
-            pub.publish(topic_name(cfg.run.name, ROLLOUTS), encode(group), key=d.problem_id.encode(), headers=headers(group))
-            answered += 1
-        trained += [decode(m.value, TrainBatch) for m in batches.poll(0.0)]
-    wait_until(lambda: scheduler.step() or scheduler.groups_returned == answered, 30, "every group accepted")
-    scheduler.step()
-    trained += [decode(m.value, TrainBatch) for m in batches.poll(0.0)]
-    groups_per_batch = cfg.scheduler.groups_per_batch
+    run = ScriptedProducer(cfg, lambda n: [0.0] * 4 if n % 2 else [1.0, 0.0, 0.0, 0.0])  # every other group: no signal
+    wait_until(lambda: run.step() >= 48, 30, "48 groups answered")
+    run.settle()
+    answered, trained, groups_per_batch = run.answered, run.trained, cfg.scheduler.groups_per_batch
     assert all(len({r.problem_id for r in b.rollouts}) == (groups_per_batch if dynamic else groups_per_batch // 2)
                for b in trained)
     assert all(any(r.reward for r in b.rollouts[i:i + 4]) for b in trained for i in range(0, len(b.rollouts), 4))
     assert len(trained) == (answered // 2 // groups_per_batch if dynamic else answered // groups_per_batch)
-    assert scheduler.counters["zero_signal_dropped"] == (answered // 2 if dynamic else len(trained) * groups_per_batch // 2)
+    assert run.scheduler.counters["zero_signal_dropped"] == (answered // 2 if dynamic else len(trained) * groups_per_batch // 2)
 
 
 def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path):
