@@ -54,7 +54,13 @@ def bench_kafka(bootstrap: str, groups, max_bytes: int, repeats: int) -> dict:
     cfg = KafkaConfig(bootstrap_servers=bootstrap, max_message_bytes=max_bytes)
     transport = KafkaTransport(cfg)
     rollouts = sum(len(g.rollouts) for g in groups)
+    t0 = time.perf_counter()
     payloads = [encode(g) for g in groups]  # the same bytes, encoded outside the raw timing
+    encode_ms = (time.perf_counter() - t0) * 1e3 / len(groups)
+    t0 = time.perf_counter()
+    for p in payloads:
+        decode(p, RolloutGroup)
+    decode_ms = (time.perf_counter() - t0) * 1e3 / len(groups)
 
     def prl_once(topic: str) -> float:
         t0 = time.perf_counter()
@@ -102,7 +108,8 @@ def bench_kafka(bootstrap: str, groups, max_bytes: int, repeats: int) -> dict:
     prl_s, raw_s = float(np.median(prl_times)), float(np.median(raw_times))
     mb = sum(map(len, payloads)) / 1e6
     return {"rollouts_per_s": rollouts / prl_s, "raw_rollouts_per_s": rollouts / raw_s, "MB": round(mb, 1),
-            "prl_MB_per_s": mb / prl_s, "raw_MB_per_s": mb / raw_s, "ratio": raw_s / prl_s, "repeats": repeats}
+            "prl_MB_per_s": mb / prl_s, "raw_MB_per_s": mb / raw_s, "ratio": raw_s / prl_s, "repeats": repeats,
+            "encode_ms_per_group": encode_ms, "decode_ms_per_group": decode_ms}
 
 
 # -- 2. checkpoint ---------------------------------------------------------------------------
@@ -305,6 +312,8 @@ def main(argv=None) -> int:
         label = f"kafka: {args.tokens}-token rollouts/s ({r['MB']} MB)"
         print(f"{label:<44}{r['rollouts_per_s']:>14,.0f}"
               f"{r['raw_rollouts_per_s']:>14,.0f}{r['ratio']:>8.2f}{'>= 0.8':>8}   baseline: raw kafka-python")
+        print(f"{'':<44}  of which per group of {args.group_size} x {args.tokens} tokens: encode {r['encode_ms_per_group']:.2f} ms, "
+              f"decode (validated) {r['decode_ms_per_group']:.2f} ms")
     if "checkpoint" in results:
         r = results["checkpoint"]
         label = f"checkpoint MB/s ({r['MB']} MB)"
