@@ -47,8 +47,8 @@ SETTINGS = [
     "scheduler.groups_per_batch=8", "scheduler.max_in_flight=16", "learner.lr=1e-4", "learner.max_steps=100000",
     "scheduler.archive=false", "scheduler.snapshot_every=0", "learner.keep_checkpoints=1",
 ]
-# Seeds: the median of 3 is one seed, and two 3-seed runs of the same code put the crossing
-# ratio on both sides of its goal (0.50, 0.54); 5 seeds still fit in 30 minutes on 2 cores.
+# Seeds: the median of 3 is one seed, and two 3-seed runs put the crossing ratio on both
+# sides of its goal (0.50, 0.54); 5 seeds still fit in 30 minutes on 2 cores (18 min).
 MODES = {  # name: (seeds, rollout budget)
     "default": (5, 12_000),
     "long": (8, 24_000),
