@@ -47,10 +47,16 @@ def _vector(values, dtype) -> np.ndarray:
 
 
 class _ArrayRecord:
-    """Field-by-field equality for records holding numpy arrays (the dataclass default
-    compares tuples, which numpy refuses to reduce to one bool)."""
+    """A record with numpy array fields: ``ARRAYS`` names each one and its conversion, applied
+    once at construction. Equality is field by field (the dataclass default compares tuples,
+    which numpy refuses to reduce to one bool)."""
 
+    ARRAYS: ClassVar[dict] = {}
     __hash__ = None
+
+    def __post_init__(self):
+        for name, convert in self.ARRAYS.items():
+            object.__setattr__(self, name, convert(getattr(self, name)))
 
     def __eq__(self, other):
         if type(other) is not type(self):
@@ -132,15 +138,12 @@ class Dispatch:
 class Rollout(_ArrayRecord):
     """One sampled completion with its behaviour log-probs (one per completion token)."""
 
+    ARRAYS: ClassVar[dict] = {"completion_ids": token_ids, "logprobs": logprob_array}
     completion_ids: np.ndarray  # int32
     logprobs: np.ndarray  # float32
     reward: float
     finish_reason: str  # "stop" (end of sequence or stop string) or "length"
     text: str = ""
-
-    def __post_init__(self):
-        object.__setattr__(self, "completion_ids", token_ids(self.completion_ids))
-        object.__setattr__(self, "logprobs", logprob_array(self.logprobs))
 
 
 _rollout_type = pa.struct(
@@ -158,6 +161,7 @@ _rollout_type = pa.struct(
 class RolloutGroup(_ArrayRecord):
     """G completions of one dispatched problem, made by one policy version."""
 
+    ARRAYS: ClassVar[dict] = {"prompt_ids": token_ids}
     KIND: ClassVar[str] = "rollout_group"
     SCHEMA: ClassVar[pa.Schema] = pa.schema(
         [
@@ -186,9 +190,6 @@ class RolloutGroup(_ArrayRecord):
     created_at: float = 0.0
     error: str = ""  # the problem could not be served (prompt too long, ...): no rollouts
 
-    def __post_init__(self):
-        object.__setattr__(self, "prompt_ids", token_ids(self.prompt_ids))
-
     @property
     def rewards(self) -> list[float]:
         return [r.reward for r in self.rollouts]
@@ -207,6 +208,8 @@ class RolloutGroup(_ArrayRecord):
 class TrainRollout(_ArrayRecord):
     """A rollout as the learner sees it: tokens, behaviour log-probs, frozen advantage."""
 
+    ARRAYS: ClassVar[dict] = {"prompt_ids": token_ids, "completion_ids": token_ids, "logprobs": logprob_array}
+
     rollout_id: str
     problem_id: str
     policy_version: int
@@ -217,11 +220,6 @@ class TrainRollout(_ArrayRecord):
     prompt_ids: np.ndarray  # int32
     completion_ids: np.ndarray  # int32
     logprobs: np.ndarray  # float32
-
-    def __post_init__(self):
-        object.__setattr__(self, "prompt_ids", token_ids(self.prompt_ids))
-        object.__setattr__(self, "completion_ids", token_ids(self.completion_ids))
-        object.__setattr__(self, "logprobs", logprob_array(self.logprobs))
 
     @property
     def num_tokens(self) -> int:
@@ -333,6 +331,7 @@ class DeadLetter:
         pass
 
 
+NULLABLE = {"key"}  # the only field that may be null: a dead letter's Kafka key
 RECORD_TYPES = {cls.KIND: cls for cls in (Dispatch, RolloutGroup, TrainBatch, PolicyVersion, DeadLetter)}
 
 
@@ -448,13 +447,13 @@ def from_table(table: pa.Table, cls: type) -> list:
     log-probs become read-only numpy views of the table's buffers; a null anywhere but a
     dead letter's key raises :class:`DecodeError` ``null_field``."""
     names = [f.name for f in dataclasses.fields(cls)]
-    columns = [_values(table.column(name).combine_chunks(), name) for name in names]
+    columns = [_values(table.column(name).combine_chunks(), name, nullable=name in NULLABLE) for name in names]
     return [_from_row(cls, dict(zip(names, row))) for row in zip(*columns)]
 
 
-def _values(array: pa.Array, name: str) -> list:
+def _values(array: pa.Array, name: str, nullable: bool = False) -> list:
     """One Python value per element: lists of numbers as numpy slices, structs as dicts."""
-    if array.null_count and name != "key":
+    if array.null_count and not nullable:
         raise DecodeError("null_field", name)
     kind = array.type
     if pa.types.is_list(kind):
