@@ -4,7 +4,8 @@ Layout under ``<run_dir>/checkpoints/`` (written by prl/storage.py: data, manife
 ``latest``, so a crash mid-write never leaves a checkpoint that loads half)::
 
     step-00000012/model.safetensors      weights in Hugging Face layout (what producers load)
-    step-00000012/config.json, tokenizer* copied from the base model, so the directory loads
+    step-00000012/config.json, tokenizer*, chat_template.jinja
+                                         copied from the base model, so the directory loads
                                          with from_pretrained or vLLM as it is
     step-00000012/optimizer-00000-of-00002.safetensors
                                          each rank's optimizer shard (param groups in state.json);
@@ -27,7 +28,10 @@ from prl import storage
 
 log = structlog.get_logger("checkpoint")
 
-HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# Files of the base model directory copied into every checkpoint (config, tokenizer, chat
+# template), so the checkpoint loads on its own; weights are the checkpoint's own.
+HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+            "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
 CheckpointError = storage.StorageError
 
 

@@ -76,13 +76,7 @@ class TransformersBackend(Backend):
         return cls(load_model(model_path, dtype), load_tokenizer(model_path))
 
     def encode(self, text, chat=False):
-        if chat:
-            import json
-
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ValueError("chat prompt, but the model's tokenizer has no chat template")
-            return self.tokenizer.apply_chat_template(json.loads(text), add_generation_prompt=True, tokenize=True)
-        return self.tokenizer(text)["input_ids"]
+        return encode_prompt(self.tokenizer, text, chat)
 
     def decode(self, ids):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -176,7 +170,7 @@ class VLLMBackend(Backend):
         self.calls = 0  # engine generate calls, for tests and metrics
 
     def encode(self, text, chat=False):
-        return TransformersBackend.encode(self, text, chat)
+        return encode_prompt(self.tokenizer, text, chat)
 
     def decode(self, ids):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -214,6 +208,26 @@ class VLLMBackend(Backend):
                 group.append(Completion(ids, lps, "length" if c.finish_reason == "length" else "stop"))
             result.append(group)
         return result
+
+
+class NoChatTemplate(ValueError):
+    """A chat prompt for a model whose tokenizer has no chat template."""
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    """Prompt token ids. A chat prompt (``text`` is a JSON list of {role, content}) is
+    rendered with the tokenizer's own chat template, generation prompt appended, and the
+    rendered text is tokenized without adding special tokens again (the template writes
+    its own). Plain text gets the tokenizer's usual special tokens."""
+    if not chat:
+        return list(tokenizer(text)["input_ids"])
+    if not getattr(tokenizer, "chat_template", None):
+        raise NoChatTemplate("chat prompt, but the model's tokenizer has no chat template "
+                             "(use an instruct model, e.g. `prl model import smollm2-135m-instruct DIR`)")
+    import json
+
+    rendered = tokenizer.apply_chat_template(json.loads(text), add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
 
 class PromptTooLong(ValueError):

