@@ -13,37 +13,48 @@ from schemas import TrainRollout
 
 @dataclass
 class PackedBatch:
-    """Right-padded token rows; per-token tensors are aligned with ``targets`` = ids[:, 1:]."""
+    """Rows laid out ``[pad][prompt][completion][pad]`` with every prompt ending in the same
+    column, so the completions share columns ``P .. P+C-1`` and only those go through the
+    output layer (``logits_to_keep``): on a 49k-token vocabulary the output layer and its
+    log-softmax are most of a step otherwise. Per-token tensors are [B, C] over completion
+    positions."""
 
-    input_ids: torch.Tensor  # [B, L]
-    attention_mask: torch.Tensor  # [B, L]
-    targets: torch.Tensor  # [B, L-1]
-    mask: torch.Tensor  # [B, L-1], 1 where the target is a completion token
-    behaviour_logp: torch.Tensor  # [B, L-1]
+    input_ids: torch.Tensor  # [B, P + C]
+    attention_mask: torch.Tensor  # [B, P + C]
+    position_ids: torch.Tensor  # [B, P + C], counted from each row's first real token
+    targets: torch.Tensor  # [B, C] completion token ids (pad where a row is shorter)
+    mask: torch.Tensor  # [B, C], 1 where the target is a completion token
+    behaviour_logp: torch.Tensor  # [B, C]
     advantage: torch.Tensor  # [B]
     is_replay: torch.Tensor  # [B] bool
     temperature: float
 
 
+def padded_shape(rollouts: list[TrainRollout]) -> tuple[int, int]:
+    """(longest prompt, longest completion): a packed batch is rows x their sum wide."""
+    return max(len(r.prompt_ids) for r in rollouts), max(len(r.completion_ids) for r in rollouts)
+
+
 def pack(rollouts: list[TrainRollout], pad_id: int = 0) -> PackedBatch:
-    width = max(r.num_tokens for r in rollouts)
-    B = len(rollouts)
-    ids = torch.full((B, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, width), dtype=torch.long)
-    mask = torch.zeros((B, width - 1))
-    old = torch.zeros((B, width - 1))
-    for i, r in enumerate(rollouts):
-        seq = np.concatenate([r.prompt_ids, r.completion_ids])
-        ids[i, : len(seq)] = torch.from_numpy(seq)
-        attn[i, : len(seq)] = 1
-        start = len(r.prompt_ids) - 1  # logits at position t predict token t+1
-        mask[i, start : start + len(r.completion_ids)] = 1
-        old[i, start : start + len(r.completion_ids)] = torch.tensor(r.logprobs)
     temps = {r.temperature for r in rollouts}
     if len(temps) != 1:
         raise ValueError(f"one temperature per batch expected, got {sorted(temps)}")
+    P, C = padded_shape(rollouts)
+    B = len(rollouts)
+    ids = torch.full((B, P + C), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, P + C), dtype=torch.long)
+    mask = torch.zeros((B, C))
+    old = torch.zeros((B, C))
+    for i, r in enumerate(rollouts):
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        ids[i, P - p : P] = torch.from_numpy(r.prompt_ids.astype(np.int64))
+        ids[i, P : P + c] = torch.from_numpy(r.completion_ids.astype(np.int64))
+        attn[i, P - p : P + c] = 1
+        mask[i, :c] = 1
+        old[i, :c] = torch.from_numpy(r.logprobs.astype(np.float32))
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
     return PackedBatch(
-        ids, attn, ids[:, 1:], mask, old,
+        ids, attn, positions, ids[:, P:], mask, old,
         torch.tensor([r.advantage for r in rollouts]),
         torch.tensor([r.is_replay for r in rollouts]),
         temps.pop(),
@@ -51,26 +62,34 @@ def pack(rollouts: list[TrainRollout], pad_id: int = 0) -> PackedBatch:
 
 
 def token_logprobs(model, batch: PackedBatch) -> torch.Tensor:
-    """log pi_theta of every target token at the sampling temperature, [B, L-1]."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    logits = logits / batch.temperature
-    return torch.log_softmax(logits, -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    """log pi_theta of every completion token at the sampling temperature, [B, C].
+
+    Logits are computed for the C completion positions only (the position before each
+    completion token predicts it), and log p(token) = logit - logsumexp(logits), without
+    materialising a log-softmax over the vocabulary."""
+    C = batch.targets.shape[1]
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                logits_to_keep=C + 1)
+    logits = out.logits[:, -(C + 1) : -1].float() / batch.temperature
+    chosen = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, -1)
 
 
 def plan_micro_batches(rollouts: list[TrainRollout], max_tokens: int, world: int = 1) -> list[list[list[TrainRollout]]]:
     """Micro-batches per rank, by token budget (padding-aware: rows sorted by length, so a
-    micro-batch's padded size rows x longest stays within ``max_tokens``). Every rank gets
-    the same number of micro-batches (FSDP needs lockstep forwards); missing ones are []."""
+    micro-batch's padded size, rows x (longest prompt + longest completion), stays within
+    ``max_tokens``). Every rank gets the same number of micro-batches (FSDP needs lockstep
+    forwards); missing ones are []."""
     mbs: list[list[TrainRollout]] = []
     current: list[TrainRollout] = []
-    width = 0
-    for r in sorted(rollouts, key=lambda r: r.num_tokens, reverse=True):
-        w = max(width, r.num_tokens)
-        if current and w * (len(current) + 1) > max_tokens:
+    P = C = 0  # the current micro-batch's longest prompt and completion
+    for r in sorted(rollouts, key=lambda r: (r.num_tokens, len(r.prompt_ids)), reverse=True):
+        p, c = max(P, len(r.prompt_ids)), max(C, len(r.completion_ids))
+        if current and (p + c) * (len(current) + 1) > max_tokens:
             mbs.append(current)
-            current, w = [], r.num_tokens
+            current, p, c = [], len(r.prompt_ids), len(r.completion_ids)
         current.append(r)
-        width = w
+        P, C = p, c
     if current:
         mbs.append(current)
     per_rank = [mbs[i::world] for i in range(world)]
