@@ -19,12 +19,12 @@ from collections import OrderedDict
 import numpy as np
 
 from learner import checkpoint, distributed
-from learner.evaluate import heldout_accuracy
+from learner.evaluate import encode_heldout, heldout_accuracy
 from learner.sources import FileSource, TopicSource
 from learner.train import make_optimizer, train_step
 from prl import storage
 from prl.models import export_state, load_model, load_tokenizer, resolve_model_dir
-from prl.service import Service
+from prl.service import Service, ServiceStopped
 from producers.backends import TransformersBackend
 from producers.rewards import load_reward
 from prl.tasks import heldout_problems
@@ -72,6 +72,10 @@ class Learner(Service):
         self.heldout = heldout_problems(cfg.task) if self.dist is None else []  # evaluation: single process
         self.reward_fn = load_reward(cfg.producer.reward)
         self.eval_backend = TransformersBackend(self.model, self.tokenizer)
+        try:
+            self.heldout_ids = encode_heldout(self.eval_backend, self.heldout, cfg.sampling.max_tokens)
+        except ValueError as exc:
+            raise ServiceStopped(f"{exc} (task.heldout_path / model.path)") from None
         self.source = None
         self.exhausted = False
         if self.is_main:
@@ -149,7 +153,9 @@ class Learner(Service):
             stale_dropped=self.counters.get("stale_dropped", 0),
         )
         if self.version % self.cfg.learner.checkpoint_every == 0 or self.version >= self.cfg.learner.max_steps:
+            t1 = time.perf_counter()
             self.save()
+            stats["checkpoint_seconds"] = time.perf_counter() - t1
         self.announce()
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
         if self.is_main:
@@ -179,7 +185,8 @@ class Learner(Service):
 
     def evaluate(self) -> dict:
         t0 = time.perf_counter()
-        acc = heldout_accuracy(self.eval_backend, self.heldout, self.reward_fn, self.cfg.sampling.max_tokens)
+        acc = heldout_accuracy(self.eval_backend, self.heldout, self.heldout_ids, self.reward_fn,
+                               self.cfg.sampling.max_tokens)
         acc["eval_seconds"] = time.perf_counter() - t0
         self.emit({f"eval/{k}": v for k, v in acc.items()}, step=self.version, rollouts_generated=self.rollouts_generated)
         self.log.info("heldout", step=self.version, **{k: round(v, 3) for k, v in acc.items()})

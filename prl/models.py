@@ -68,8 +68,10 @@ def weights_exist(uri: str) -> bool:
 
 
 def read_weights(uri: str) -> dict:
-    """The tensors of ``<checkpoint uri>/model.safetensors``."""
+    """The tensors of ``<checkpoint uri>/model.safetensors``, after its checksum matched the
+    checkpoint's manifest (a torn or tampered file raises StorageError; nothing is loaded)."""
     from safetensors.torch import load
 
-    with fsspec.open(uri.rstrip("/") + "/model.safetensors", "rb") as f:
-        return load(f.read())
+    from prl.storage import read_verified
+
+    return load(read_verified(uri.rstrip("/"), "model.safetensors"))

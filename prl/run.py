@@ -14,14 +14,17 @@ import structlog
 
 from prl.metrics import MetricsSink, read_metrics
 from prl.plots import learning_curve
+from prl.service import ServiceStopped
 from prl.transport.memory import MemoryBroker, MemoryTransport
 
 log = structlog.get_logger("run")
 
 
-def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None) -> dict:
-    """Run until the learner reaches ``learner.max_steps`` (or has trained on batches that
-    took ``max_rollouts`` generated rollouts, then evaluate once more); return start/end accuracy."""
+def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, max_seconds: float | None = None) -> dict:
+    """Run until the learner reaches ``learner.max_steps``, or has trained on batches that
+    took ``max_rollouts`` generated rollouts, or ``max_seconds`` of wall time are nearly up
+    (the final evaluation included: training stops one evaluation's duration before the
+    limit); then evaluate once more. Return start/end accuracy and where the time went."""
     from learner.service import Learner
     from producers.service import Producer
     from scheduler.service import Scheduler
@@ -34,7 +37,8 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None) ->
     start = dict(getattr(learner, "last_eval", {}))
     services = [Scheduler(cfg, transport, metrics), Producer(cfg, transport, metrics)]
     stop = threading.Event()
-    threads = [threading.Thread(target=_guarded, args=(s, stop), name=s.name, daemon=True) for s in services]
+    failures: list[BaseException] = []
+    threads = [threading.Thread(target=_guarded, args=(s, stop, failures), name=s.name, daemon=True) for s in services]
     for t in threads:
         t.start()
     bar = _progress(cfg.learner.max_steps, learner.version) if progress else None
@@ -45,7 +49,7 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None) ->
                 bar.n = learner.version
                 bar.set_postfix(acc=f"{learner.last_eval.get('accuracy', 0):.3f}" if hasattr(learner, "last_eval") else "-")
                 bar.refresh()
-            if max_rollouts is not None and learner.rollouts_generated >= max_rollouts:
+            if _budget_spent(learner, t0, max_rollouts, max_seconds):
                 if cfg.learner.eval_every and learner.heldout and learner.version % cfg.learner.eval_every:
                     learner.evaluate()
                 break
@@ -58,6 +62,8 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None) ->
             t.join(timeout=30)
         if bar is not None:
             bar.close()
+    if failures:
+        raise failures[0]
     rows = read_metrics(metrics.path)
     learning_curve(rows, cfg.run.run_dir.rstrip("/") + "/learning_curve.png")
     end = dict(getattr(learner, "last_eval", {}))
@@ -74,14 +80,28 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None) ->
     return summary
 
 
-def _guarded(service, stop: threading.Event) -> None:
-    """Run a service thread; if it fails, stop the whole run instead of hanging."""
+def _budget_spent(learner, t0: float, max_rollouts: int | None, max_seconds: float | None) -> bool:
+    if max_rollouts is not None and learner.rollouts_generated >= max_rollouts:
+        return True
+    if max_seconds is None:
+        return False
+    final_eval = getattr(learner, "last_eval", {}).get("eval_seconds", 0.0)
+    return time.perf_counter() - t0 + final_eval >= max_seconds
+
+
+def _guarded(service, stop: threading.Event, failures: list) -> None:
+    """Run a service thread; if it fails, stop the whole run (instead of hanging) and keep
+    the error for the caller."""
     try:
         service.run(stop)
-    except BaseException:
-        log.exception("service_failed", service=service.name)
+    except ServiceStopped as exc:
+        log.error("service_stopped", service=service.name, reason=str(exc))
+        failures.append(exc)
         stop.set()
-        raise
+    except BaseException as exc:
+        log.exception("service_failed", service=service.name)
+        failures.append(exc)
+        stop.set()
 
 
 def _progress(total: int, initial: int):

@@ -18,6 +18,11 @@ from prl.transport import Message, Transport, TransportError
 from schemas import DecodeError, decode, topic_name
 
 
+class ServiceStopped(RuntimeError):
+    """A service cannot go on (not a passing fault): the message says why and what to do.
+    Commands print it as one line and exit non-zero."""
+
+
 class Service:
     name = "service"
     poll_s = 0.5

@@ -113,7 +113,26 @@ class PrioritySampler:
                 break
             state[i] = IN_FLIGHT
             out.append(i)
+        if len(out) < k:
+            out += self._retest_early(k - len(out))
         self.dispatched += len(out)
+        return out
+
+    def _retest_early(self, k: int) -> list[int]:
+        """When heap and unseen problems are used up (a small pool, mostly solved or
+        hopeless), pooled problems are retested now, longest-untested first, alternating
+        between the pools, rather than leaving the generators idle until the next round."""
+        out: list[int] = []
+        pools = [(pool_id, pool) for pool_id, pool in self.pools.items()]
+        while len(out) < k and any(pool for _, pool in pools):
+            for pool_id, pool in pools:
+                while pool and self.state[pool[0]] != pool_id:
+                    pool.popleft()  # left the pool already (retired, or queued)
+                if pool and len(out) < k:
+                    i = pool.popleft()
+                    self.state[i] = IN_FLIGHT
+                    self.retests_dispatched += 1
+                    out.append(i)
         return out
 
     def _unseen_candidates(self, need: int) -> tuple[list[float], list[int]]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prl.plots import priority_histogram
-from prl.service import Service
+from prl.service import Service, ServiceStopped
 from prl.tasks import train_problems
 from scheduler.advantages import has_signal
 from scheduler.batches import compose_batch
@@ -34,6 +34,10 @@ from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 ANSWERED_MEMORY = 100_000  # dispatch ids remembered to recognise duplicate results
 HISTOGRAM_EVERY_S = 60.0  # the priority histogram PNG is redrawn at most this often
+
+
+class NoProblemsLeft(ServiceStopped):
+    """Every training problem is retired (or the set is empty): no batch can ever come."""
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Scheduler(Service):
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
+        self.retired_reasons: dict[str, str] = {}  # error kind -> its latest message
         self.answered: OrderedDict[str, None] = OrderedDict()
         self.fresh: list[RolloutGroup] = []
         r = cfg.scheduler.replay
@@ -65,6 +70,7 @@ class Scheduler(Service):
         self.learner_last_seq = -1
         self.next_seq = 0
         self.rollouts_generated = 0
+        self.generate_seconds = 0.0  # producers' engine time for the accepted groups
         self.groups_returned = 0
         self.groups_with_signal = 0
         self.started_at = time.time()
@@ -119,10 +125,12 @@ class Scheduler(Service):
             self.archive.add(group, self.learner_version)
         if group.error:
             self.count("problems_retired")
+            self.retired_reasons[group.error.split(":", 1)[0]] = group.error
             self.sampler.retire(flight.problem)
             self.log.warning("problem_retired", problem_id=group.problem_id, error=group.error)
             return None
         self.rollouts_generated += len(group.rollouts)
+        self.generate_seconds += group.generate_seconds
         self.groups_returned += 1
         signal = has_signal(group.rewards)
         self.groups_with_signal += signal
@@ -186,9 +194,20 @@ class Scheduler(Service):
         if room <= 0:
             return
         busy = {f.problem for f in self.in_flight.values()}
-        for idx in self.sampler.next(room, busy):
+        chosen = self.sampler.next(room, busy)
+        for idx in chosen:
             self.dispatch(idx, 0)
         self.publisher.flush()
+        if not chosen and not self.in_flight:
+            raise NoProblemsLeft(self.why_no_problems())
+
+    def why_no_problems(self) -> str:
+        retired = self.counters.get("problems_retired", 0)
+        if not self.retired_reasons:
+            return f"no problem can be dispatched ({len(self.problems)} in the training set, none in flight)"
+        reasons = "; ".join(self.retired_reasons.values())
+        return (f"no problem can be dispatched: producers could not serve {retired} of {len(self.problems)} training "
+                f"problems and they were retired ({reasons[:400]})")
 
     def dispatch(self, idx: int, attempt: int) -> None:
         p = self.problems[idx]
@@ -201,8 +220,8 @@ class Scheduler(Service):
         self.count("dispatched")
 
     # -- state ----------------------------------------------------------------------
-    SCALARS = ("learner_version", "learner_last_seq", "next_seq", "rollouts_generated", "groups_returned",
-               "groups_with_signal", "counters")
+    SCALARS = ("learner_version", "learner_last_seq", "next_seq", "rollouts_generated", "generate_seconds",
+               "groups_returned", "groups_with_signal", "counters")
 
     def state_dict(self) -> dict:
         replay_state = self.replay.state_dict()[0] if self.replay else None
@@ -216,7 +235,7 @@ class Scheduler(Service):
 
     def load_state_dict(self, state: dict, fresh: list[RolloutGroup], replay: list, pending: TrainBatch | None = None) -> None:
         for name in self.SCALARS:
-            setattr(self, name, state[name])
+            setattr(self, name, state.get(name, getattr(self, name)))  # snapshots from before a field existed
         self.in_flight = {did: InFlight(*v) for did, v in state["in_flight"].items()}
         self.answered = OrderedDict.fromkeys(state["answered"])
         self.sampler.load_state_dict(state["sampler"])
@@ -260,6 +279,7 @@ class Scheduler(Service):
             "success_rate_p90": quantiles[2],
             "dispatch_rate": self.counters.get("dispatched", 0) / max(1e-9, time.time() - self.started_at),
             "rollouts_generated": self.rollouts_generated,
+            "generate_seconds": self.generate_seconds,
             "groups_returned": self.groups_returned,
             "signal_share": self.groups_with_signal / max(1, self.groups_returned),
             "batch_rollouts": len(batch.rollouts),

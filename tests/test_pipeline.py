@@ -233,10 +233,9 @@ def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path):
     """The learner keeps its last few checkpoints: a producer that reads an announcement
     late finds the checkpoint gone, skips it and loads the next one; a checkpoint that is
     there but unreadable is still an error."""
-    import shutil
-
+    from learner.checkpoint import write_checkpoint
     from producers.service import Producer
-    from prl.models import resolve_model_dir
+    from prl.models import export_state, load_model, resolve_model_dir
     from schemas import PolicyVersion
     from schemas.topics import POLICY
 
@@ -253,13 +252,14 @@ def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path):
     announce(3, f"file://{tmp_path}/checkpoints/step-00000003")  # already deleted
     producer.step()
     assert producer.backend.version == 0 and producer.counters["superseded_checkpoints_skipped"] == 1
-    good = tmp_path / "step-00000004"
-    shutil.copytree(resolve_model_dir(cfg.model.path), good)
-    announce(4, f"file://{good}")
+    good = write_checkpoint(f"file://{tmp_path}/checkpoints", 4, export_state(load_model(cfg.model.path)), None, {},
+                            resolve_model_dir(cfg.model.path), 3)
+    announce(4, good)
     producer.step()
     assert producer.backend.version == 4
-    (good / "model.safetensors").write_bytes(b"not safetensors")
-    announce(5, f"file://{good}")
+    with open(good.removeprefix("file://") + "/model.safetensors", "r+b") as f:  # there, but corrupt
+        f.write(b"not safetensors")
+    announce(5, good)
     with pytest.raises(Exception):
         producer.step()
 
@@ -302,3 +302,31 @@ def test_learner_dead_letters_a_batch_with_out_of_vocabulary_tokens(tmp_path):
     dead = [decode(m.value, DeadLetter) for part in broker.partitions(topic_name(cfg.run.name, DEADLETTER)) for m in part]
     assert [d.reason for d in dead] == ["invalid_value"] and "token id" in dead[0].detail
     assert learner.version == 0 and learner.counters["dead_lettered/invalid_value"] == 1
+
+
+def write_problems(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["chat prompts, no chat template", "prompts longer than the model's context"])
+def test_prl_run_says_why_when_no_problem_can_be_served_and_exits(tmp_path, capsys, case):
+    """Every problem retired by the producers (a chat prompt for a model without a chat
+    template, or prompts too long for its context): one line saying so, non-zero exit,
+    within seconds, instead of waiting forever."""
+    import time
+
+    from prl.cli import main
+
+    if case.startswith("chat"):
+        rows = [{"id": f"q{i}", "prompt": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)} for i in range(40)]
+    else:
+        rows = [{"id": f"q{i}", "prompt": "1" * 100 + "+1=", "answer": "2"} for i in range(40)]
+    train = write_problems(tmp_path / "train.jsonl", rows)
+    t0 = time.monotonic()
+    code = main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", "task.name='dataset'",
+                 "--set", f"task.train_path={json.dumps(train)}"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1 and time.monotonic() - t0 < 60
+    assert err.startswith("prl run: no problem can be dispatched: producers could not serve 40 of 40")
+    assert ("NoChatTemplate" if case.startswith("chat") else "PromptTooLong") in err
