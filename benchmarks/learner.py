@@ -23,8 +23,8 @@ from schemas import TrainBatch, TrainRollout
 from benchmarks.common import write_json
 
 
-def synthetic_batches(n_batches: int, rollouts: int, prompt: int, completion: int, vocab: int = 16):
-    g = torch.Generator().manual_seed(0)
+def synthetic_batches(n_batches: int, rollouts: int, prompt: int, completion: int, vocab: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
     out = []
     for b in range(n_batches):
         rows = []
@@ -36,13 +36,17 @@ def synthetic_batches(n_batches: int, rollouts: int, prompt: int, completion: in
     return out
 
 
-def run(workdir: Path, world: int, micro: int, steps: int, threads: int) -> float:
-    run_dir = workdir / f"w{world}-m{micro}"
-    config = workdir / f"w{world}-m{micro}.toml"
+def run(workdir: Path, world: int, micro: int, steps: int, threads: int, model: str = "builtin:tiny-adder",
+        bf16: bool = False) -> float:
+    name = f"w{world}-m{micro}-{'bf16' if bf16 else 'fp32'}"
+    run_dir = workdir / name
+    config = workdir / f"{name}.toml"
     config.write_text(f"""
 [run]
 run_dir = "{run_dir}"
 log_level = "warning"
+[model]
+path = "{model}"
 [scheduler]
 tau_max = 1000
 [learner]
@@ -52,6 +56,7 @@ checkpoint_every = 1000
 max_steps = {steps}
 micro_batch_tokens = {micro}
 threads = {threads}
+bf16_autocast = {'true' if bf16 else 'false'}
 """)
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"] if world > 1 \
         else [sys.executable]
@@ -65,6 +70,8 @@ threads = {threads}
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learner", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="a model directory (e.g. an imported SmolLM2): fp32 against bf16 autocast on it, "
+                                    "1 process and 2 FSDP2 ranks (default: the tiny built-in model, micro-batch sizes)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rollouts", type=int, default=128, help="rollouts per batch")
     ap.add_argument("--prompt", type=int, default=16)
@@ -72,6 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--micro", type=int, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
+    if args.model:
+        return real_model(args)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_batches(str(work / "batches.arrow"), synthetic_batches(args.steps, args.rollouts, args.prompt, args.completion))
@@ -85,6 +94,32 @@ def main(argv=None) -> int:
     for m, v in micro.items():
         print(f"{f'1 process, micro-batch {m} tokens':<34}{v:>20,.0f}")
     write_json(args, **results, micro_batch=micro)
+    return 0
+
+
+def real_model(args) -> int:
+    """The learner step on a real model: fp32 against bf16 autocast, one process and 2 ranks."""
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(args.model).vocab_size
+    micro = max(args.micro)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        write_batches(str(work / "batches.arrow"),
+                      synthetic_batches(args.steps, args.rollouts, args.prompt, args.completion, vocab))
+        results = {
+            "fp32_1_process": run(work, 1, micro, args.steps, 2, args.model, bf16=False),
+            "bf16_1_process": run(work, 1, micro, args.steps, 2, args.model, bf16=True),
+            "bf16_fsdp2_2_ranks": run(work, 2, micro, args.steps, 1, args.model, bf16=True),
+        }
+    print(f"learner step, {args.model}, {args.rollouts} rollouts x ({args.prompt}+{args.completion}) tokens per batch, "
+          f"2 CPU cores, micro-batch {micro} tokens")
+    print(f"{'configuration':<40}{'completion tokens/s':>20}")
+    for name, label in (("fp32_1_process", "fp32, 1 process (2 threads)"),
+                        ("bf16_1_process", "bf16 autocast, 1 process (2 threads)"),
+                        ("bf16_fsdp2_2_ranks", "bf16 autocast, 2 FSDP2 ranks (gloo)")):
+        print(f"{label:<40}{results[name]:>20,.1f}")
+    write_json(args, **results)
     return 0
 
 

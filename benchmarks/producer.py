@@ -17,10 +17,10 @@ import time
 from benchmarks.common import write_json
 
 
-def measure(backend, prompts, sampling, group_size, calls):
+def measure(backend, prompts, sampling, group_size, calls, chat: bool = False):
     from producers.backends import Request
 
-    reqs = [Request(backend.encode(p), group_size, sampling) for p in prompts]
+    reqs = [Request(backend.encode(p, chat=chat), group_size, sampling) for p in prompts]
     backend.generate(reqs)  # warm-up
     tokens, t0 = 0, time.perf_counter()
     for _ in range(calls):
@@ -32,6 +32,8 @@ def measure(backend, prompts, sampling, group_size, calls):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench producer", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="builtin:tiny-adder")
+    ap.add_argument("--task", help="chat prompts from this reasoning-gym task (e.g. chain_sum; for instruct models) "
+                                   "instead of built-in addition prompts")
     ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=8)
@@ -44,20 +46,30 @@ def main(argv=None) -> int:
     from producers.backends import TransformersBackend, VLLMBackend
     from schemas import Sampling
 
-    rng = random.Random(0)
-    prompts = [addition.make_problem(rng.randint(10, 999), rng.randint(10, 999), 3).prompt for _ in range(args.prompts)]
+    if args.task:
+        import json
+
+        from prl.tasks.reasoning_gym import make_rows
+
+        rows, _, _, _ = make_rows(args.task, args.prompts, 0, seed=0, settings={})
+        prompts = [json.dumps(r["prompt"]) for r in rows]
+    else:
+        rng = random.Random(0)
+        prompts = [addition.make_problem(rng.randint(10, 999), rng.randint(10, 999), 3).prompt for _ in range(args.prompts)]
+    chat = bool(args.task)
     sampling = Sampling(1.0, 1.0, args.max_tokens, [])
     t0 = time.perf_counter()
     vllm = VLLMBackend(args.model)
     vllm_start = time.perf_counter() - t0
-    results = {"vllm": measure(vllm, prompts, sampling, args.group_size, args.calls)}
+    results = {"vllm": measure(vllm, prompts, sampling, args.group_size, args.calls, chat)}
     results["vllm"]["startup_s"] = vllm_start
     t0 = time.perf_counter()
     hf = TransformersBackend.from_path(args.model)
     hf_start = time.perf_counter() - t0
-    results["transformers"] = measure(hf, prompts, sampling, args.group_size, args.calls)
+    results["transformers"] = measure(hf, prompts, sampling, args.group_size, args.calls, chat)
     results["transformers"]["startup_s"] = hf_start
-    print(f"producer backends, {args.model}, {args.prompts} prompts x {args.group_size} samples x <= {args.max_tokens} tokens per call")
+    print(f"producer backends, {args.model}, {args.prompts} {'chat prompts (' + args.task + ')' if chat else 'prompts'} x "
+          f"{args.group_size} samples x <= {args.max_tokens} tokens per call")
     print(f"{'figure':<18}{'vLLM':>14}{'transformers':>16}")
     print(f"{'tokens_per_s':<18}{results['vllm']['tokens_per_s']:>14,.0f}{results['transformers']['tokens_per_s']:>16,.0f}")
     print(f"{'startup_s':<18}{vllm_start:>14.1f}{hf_start:>16.1f}")

