@@ -23,8 +23,8 @@ log = structlog.get_logger("run")
 def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, max_seconds: float | None = None) -> dict:
     """Run until the learner reaches ``learner.max_steps``, or has trained on batches that
     took ``max_rollouts`` generated rollouts, or ``max_seconds`` of wall time are nearly up
-    (the final evaluation included: training stops one evaluation's duration before the
-    limit); then evaluate once more. Return start/end accuracy and where the time went."""
+    (training stops one step and one evaluation before the limit); then stop the scheduler
+    and producer and evaluate once more. Return start/end accuracy."""
     from learner.service import Learner
     from producers.service import Producer
     from scheduler.service import Scheduler
@@ -32,44 +32,25 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     transport = MemoryTransport(MemoryBroker())
     transport.ensure_topics(cfg.run.name)
     metrics = MetricsSink(cfg.run.run_dir)
-    t0 = time.perf_counter()
+    budget = Budget(max_rollouts, max_seconds)
     learner = Learner(cfg, transport, metrics)
     start = dict(getattr(learner, "last_eval", {}))
-    services = [Scheduler(cfg, transport, metrics), Producer(cfg, transport, metrics)]
-    stop = threading.Event()
-    failures: list[BaseException] = []
-    threads = [threading.Thread(target=_guarded, args=(s, stop, failures), name=s.name, daemon=True) for s in services]
-    for t in threads:
-        t.start()
-    bar = _progress(cfg.learner.max_steps, learner.version) if progress else None
+    background = Background([Scheduler(cfg, transport, metrics), Producer(cfg, transport, metrics)])
     try:
-        while not stop.is_set():
-            done = learner.step()
-            if bar is not None:
-                bar.n = learner.version
-                bar.set_postfix(acc=f"{learner.last_eval.get('accuracy', 0):.3f}" if hasattr(learner, "last_eval") else "-")
-                bar.refresh()
-            if _budget_spent(learner, t0, max_rollouts, max_seconds):
-                if cfg.learner.eval_every and learner.heldout and learner.version % cfg.learner.eval_every:
-                    learner.evaluate()
-                break
-            if done:
-                break
+        stopped_by_budget = train(learner, background, budget, _progress(cfg.learner.max_steps, learner.version) if progress else None)
+        background.stop()
+        if stopped_by_budget and cfg.learner.eval_every and learner.heldout and learner.version % cfg.learner.eval_every:
+            learner.evaluate()  # with the generators stopped, evaluation has the machine to itself
     finally:
-        stop.set()
+        background.stop()
         learner.close()
-        for t in threads:
-            t.join(timeout=30)
-        if bar is not None:
-            bar.close()
-    if failures:
-        raise failures[0]
-    rows = read_metrics(metrics.path)
-    learning_curve(rows, cfg.run.run_dir.rstrip("/") + "/learning_curve.png")
+    if background.failures:
+        raise background.failures[0]
+    learning_curve(read_metrics(metrics.path), cfg.run.run_dir.rstrip("/") + "/learning_curve.png")
     end = dict(getattr(learner, "last_eval", {}))
     summary = {
         "steps": learner.version,
-        "seconds": round(time.perf_counter() - t0, 1),
+        "seconds": round(budget.elapsed(), 1),
         "rollouts_generated": learner.rollouts_generated,
         "accuracy_start": start.get("accuracy"),
         "accuracy_end": end.get("accuracy"),
@@ -80,13 +61,70 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     return summary
 
 
-def _budget_spent(learner, t0: float, max_rollouts: int | None, max_seconds: float | None) -> bool:
-    if max_rollouts is not None and learner.rollouts_generated >= max_rollouts:
-        return True
-    if max_seconds is None:
+def train(learner, background: "Background", budget: "Budget", bar) -> bool:
+    """Step the learner until it is done, a background service stops, or the budget is
+    spent (returns True for the budget)."""
+    try:
+        while not background.stopped.is_set():
+            done = learner.step()
+            budget.observe(learner.version)
+            if bar is not None:
+                bar.n = learner.version
+                bar.set_postfix(acc=f"{learner.last_eval.get('accuracy', 0):.3f}" if hasattr(learner, "last_eval") else "-")
+                bar.refresh()
+            if budget.spent(learner):
+                return True
+            if done:
+                return False
         return False
-    final_eval = getattr(learner, "last_eval", {}).get("eval_seconds", 0.0)
-    return time.perf_counter() - t0 + final_eval >= max_seconds
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+class Budget:
+    """When to stop: a rollout count, or wall time less what one more step and the final
+    evaluation will take."""
+
+    def __init__(self, max_rollouts: int | None, max_seconds: float | None):
+        self.max_rollouts, self.max_seconds = max_rollouts, max_seconds
+        self.t0 = time.perf_counter()
+        self.version, self.version_at, self.step_seconds = -1, self.t0, 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def observe(self, version: int) -> None:
+        if version != self.version:
+            now = time.perf_counter()
+            if self.version >= 0:
+                self.step_seconds = now - self.version_at
+            self.version, self.version_at = version, now
+
+    def spent(self, learner) -> bool:
+        if self.max_rollouts is not None and learner.rollouts_generated >= self.max_rollouts:
+            return True
+        if self.max_seconds is None:
+            return False
+        final_eval = getattr(learner, "last_eval", {}).get("eval_seconds", 0.0)
+        return self.elapsed() + self.step_seconds + final_eval >= self.max_seconds
+
+
+class Background:
+    """The scheduler and producer, each on a thread; a failure stops the whole run."""
+
+    def __init__(self, services: list):
+        self.stopped = threading.Event()
+        self.failures: list[BaseException] = []
+        self.threads = [threading.Thread(target=_guarded, args=(s, self.stopped, self.failures), name=s.name, daemon=True)
+                        for s in services]
+        for t in self.threads:
+            t.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for t in self.threads:
+            t.join(timeout=30)
 
 
 def _guarded(service, stop: threading.Event, failures: list) -> None:
