@@ -57,7 +57,7 @@ MODES = {  # name: (seeds, rollout budget)
 
 def one_run(name: str, seed: int, budget: int, eval_every: int, heldout: int, pool: list[int], extra: list[str] = ()) -> dict:
     from prl.metrics import read_metrics
-    from prl.run import run_pipeline
+    from prl.cli.run import run_pipeline
     from schemas.config import load_config
 
     with tempfile.TemporaryDirectory() as run_dir:

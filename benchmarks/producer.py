@@ -18,7 +18,7 @@ from benchmarks.common import write_json
 
 
 def measure(backend, prompts, sampling, group_size, calls, chat: bool = False):
-    from producers.backends import Request
+    from prl.generation import Request
 
     reqs = [Request(backend.encode(p, chat=chat), group_size, sampling) for p in prompts]
     backend.generate(reqs)  # warm-up
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
     from prl.tasks import addition
-    from producers.backends import TransformersBackend, VLLMBackend
+    from prl.generation import TransformersBackend, VLLMBackend
     from schemas import Sampling
 
     if args.task:

@@ -32,8 +32,8 @@ TRAIN, TEST = 2000, 200
 def heldout_at(model: str, heldout_path: str, max_tokens: int) -> float:
     """Greedy held-out accuracy of a model directory with a given completion budget."""
     from learner.evaluate import encode_heldout, heldout_accuracy
-    from producers.backends import TransformersBackend
-    from producers.rewards import reasoning_gym
+    from prl.generation import TransformersBackend
+    from prl.rewards import reasoning_gym
     from prl.tasks.datasets import load_problems
 
     backend = TransformersBackend.from_path(model)
@@ -46,7 +46,7 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
              long_tokens: int) -> dict:
     from learner.checkpoint import latest_uri
     from prl.metrics import read_metrics
-    from prl.run import run_pipeline
+    from prl.cli.run import run_pipeline
     from schemas.config import load_config
 
     with tempfile.TemporaryDirectory() as run_dir:

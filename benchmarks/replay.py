@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from prl.formulas import rollout_age
 from scheduler.replay import ReplayBuffer
 from schemas import TrainRollout
 
@@ -37,7 +38,7 @@ class NaiveBuffer:
         del self.items[: max(0, len(self.items) - self.capacity)]
 
     def evict_stale(self, version, tau_max):
-        self.items = [r for r in self.items if version - r.policy_version <= tau_max]
+        self.items = [r for r in self.items if rollout_age(version, r.policy_version) <= tau_max]
 
     def draw(self, k):
         pool = list(self.items)

@@ -20,6 +20,7 @@ import tracemalloc
 
 import numpy as np
 
+from prl.formulas import bernoulli_variance, success_estimate
 from scheduler.priority import PrioritySampler
 from schemas.config import PriorityConfig
 
@@ -35,8 +36,7 @@ class NaiveSortingSampler:
         self.busy = np.zeros(n, dtype=bool)
 
     def next(self, k: int) -> list[int]:
-        p = (self.successes + 1) / (self.attempts + 2)
-        prio = np.where(self.busy, -1.0, p * (1 - p))
+        prio = np.where(self.busy, -1.0, bernoulli_variance(success_estimate(self.successes, self.attempts, 1.0, 1.0)))
         top = np.argsort(-prio, kind="stable")[:k].tolist()
         self.busy[top] = True
         return top

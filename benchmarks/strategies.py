@@ -26,7 +26,7 @@ def main(argv=None) -> int:
 
     from prl import logs
     from prl.metrics import read_metrics
-    from prl.run import run_pipeline
+    from prl.cli.run import run_pipeline
     from schemas.config import load_config
 
     logs.configure("console", "warning")

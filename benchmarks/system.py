@@ -198,7 +198,7 @@ def pipeline_config(run_dir: str, steps: int):
 
 def build(cfg, latency_s):
     from learner.service import Learner
-    from producers.backends import make_backend
+    from prl.generation import make_backend
     from producers.service import Producer
     from prl.transport.memory import MemoryBroker, MemoryTransport
     from scheduler.service import Scheduler
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
         bootstrap = args.bootstrap
         if bootstrap is None:
             sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's test helpers start tansu
-            from tests.support.servers import KafkaBroker
+            from prl.servers import KafkaBroker
 
             broker = KafkaBroker()
             bootstrap = broker.bootstrap

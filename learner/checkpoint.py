@@ -143,13 +143,3 @@ def load_optimizer(uri: str, optimizer, state: dict, d=None) -> None:
     shards = [load(storage.read_verified(uri, optimizer_shard_name(r, world))) for r in range(world)]
     if state.get("param_groups") and shards[0]:
         restore_optimizer(optimizer, shards, state["param_groups"], d)
-
-
-def load_checkpoint(uri: str, model, optimizer, d=None) -> dict:
-    """Restore weights and optimizer from ``uri`` (unsharded model); return its state.json."""
-    state = read_state(uri)
-    load_weights(uri, model)
-    if optimizer is not None:
-        load_optimizer(uri, optimizer, state, d)
-    log.info("checkpoint_loaded", uri=uri, step=state["step"])
-    return state

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from producers.backends import Backend, Request
+from prl.generation import Backend, Request
 from schemas import Sampling
 
 

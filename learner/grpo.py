@@ -27,6 +27,16 @@ def clipped_surrogate(
     return torch.where(advantage < 0, torch.minimum(pg_loss, pg_loss3), pg_loss)
 
 
+def is_clipped(ratio: torch.Tensor, advantage: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
+    """Where the clip takes the gradient away: r < 1-low with A < 0, or r > 1+high with A > 0."""
+    return ((ratio < 1 - clip_low) & (advantage < 0)) | ((ratio > 1 + clip_high) & (advantage > 0))
+
+
+def approx_kl(ratio: torch.Tensor, logratio: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(behaviour || policy) per token: (r - 1) - log r."""
+    return (ratio - 1) - logratio
+
+
 def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
@@ -40,18 +50,22 @@ def grpo_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     dual_clip: float = 10.0,
+    total_tokens: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Token-mean clipped surrogate and its diagnostics (clip fraction, approx KL, ratio)."""
+    """L = (1/T) sum_{b,t} mask_bt * clipped_surrogate(r_bt, A_b): the token-mean clipped
+    surrogate, T = ``total_tokens`` (default: the tokens under ``mask``; a micro-batch passes
+    the whole batch's count, so the micro-batch losses add up to the batch's token mean).
+    Diagnostics are token means over ``mask``: clip fraction, approx KL, ratio mean and max."""
     adv = advantage.unsqueeze(-1).expand_as(logp)
     ratio = policy_ratio(logp, behaviour_logp)
-    loss = token_mean(clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip), mask)
+    per_token = clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip)
+    loss = (per_token * mask).sum() / (mask.sum().clamp(min=1) if total_tokens is None else total_tokens)
     with torch.no_grad():
-        logratio = logp - behaviour_logp
-        clipped = ((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))
+        r = ratio.detach()
         stats = {
-            "clip_fraction": token_mean(clipped.float(), mask),
-            "approx_kl": token_mean((ratio - 1) - logratio, mask),  # k3 estimator
-            "ratio_mean": token_mean(ratio, mask),
-            "ratio_max": (ratio * mask).max(),
+            "clip_fraction": token_mean(is_clipped(r, adv, clip_low, clip_high).float(), mask),
+            "approx_kl": token_mean(approx_kl(r, (logp - behaviour_logp).detach()), mask),
+            "ratio_mean": token_mean(r, mask),
+            "ratio_max": (r * mask).max(),
         }
     return loss, stats

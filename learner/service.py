@@ -23,10 +23,11 @@ from learner.evaluate import encode_heldout, heldout_accuracy
 from learner.sources import FileSource, TopicSource
 from learner.train import make_optimizer, train_step
 from prl import storage
+from prl.formulas import rollout_age
+from prl.generation import TransformersBackend
 from prl.models import export_state, load_model, load_tokenizer, resolve_model_dir
+from prl.rewards import load_reward
 from prl.service import Service, ServiceStopped
-from producers.backends import TransformersBackend
-from producers.rewards import load_reward
 from prl.tasks import heldout_problems
 from schemas import DecodeError, PolicyVersion, TrainBatch, decode, encode, headers
 from schemas.topics import BATCHES, POLICY
@@ -52,15 +53,29 @@ class Learner(Service):
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.version, self.last_seq, self.rollouts_generated, self.checkpoint_uri = 0, -1, 0, ""
         self.trained: OrderedDict[str, None] = OrderedDict()  # fresh rollout ids, newest last
-        latest = checkpoint.latest_uri(cfg.run.run_dir)
+        self.resume_and_shard()
+        self.log.info("memory", **distributed.memory_report(self.model, self.dist))
+        self.prepare_evaluation()
+        self.source, self.exhausted = None, False
+        if self.is_main:
+            self.source = FileSource(cfg.learner.batches_from) if cfg.learner.batches_from else \
+                TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
+            self.announce()
+        if cfg.learner.eval_every and self.heldout and self.version == 0:
+            self.evaluate()
+
+    def resume_and_shard(self) -> None:
+        """Weights from the latest checkpoint (into the whole model), then FSDP sharding, then
+        the optimizer and its state (re-sharded for this run's ranks)."""
+        latest = checkpoint.latest_uri(self.cfg.run.run_dir)
         state = checkpoint.read_state(latest) if latest else None
-        if latest:  # weights first, into the whole model; then shard; then the optimizer
+        if latest:
             checkpoint.load_weights(latest, self.model)
         if self.dist is not None:
-            distributed.shard(self.model, self.dist, cfg.learner.activation_checkpointing)
-        elif cfg.learner.activation_checkpointing:
+            distributed.shard(self.model, self.dist, self.cfg.learner.activation_checkpointing)
+        elif self.cfg.learner.activation_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.optimizer = make_optimizer(self.model, cfg.learner)
+        self.optimizer = make_optimizer(self.model, self.cfg.learner)
         if latest:
             checkpoint.load_optimizer(latest, self.optimizer, state, self.dist)
             self.version, self.last_seq = state["step"], state["last_batch_seq"]
@@ -68,24 +83,17 @@ class Learner(Service):
             self.trained = OrderedDict.fromkeys(state.get("trained_rollouts", []))
             self.checkpoint_uri = latest
             self.log.info("resumed", version=self.version, last_batch_seq=self.last_seq, from_world=state.get("world_size", 1))
-        self.log.info("memory", **distributed.memory_report(self.model, self.dist))
-        self.heldout = heldout_problems(cfg.task) if self.dist is None else []  # evaluation: single process
-        self.reward_fn = load_reward(cfg.producer.reward)
+
+    def prepare_evaluation(self) -> None:
+        """The held-out problems (single process only) and their prompts, checked once: a
+        prompt the model cannot take stops the learner before any training."""
+        self.heldout = heldout_problems(self.cfg.task) if self.dist is None else []
+        self.reward_fn = load_reward(self.cfg.producer.reward)
         self.eval_backend = TransformersBackend(self.model, self.tokenizer)
         try:
-            self.heldout_ids = encode_heldout(self.eval_backend, self.heldout, cfg.sampling.max_tokens)
+            self.heldout_ids = encode_heldout(self.eval_backend, self.heldout, self.cfg.sampling.max_tokens)
         except ValueError as exc:
             raise ServiceStopped(f"{exc} (task.heldout_path / model.path)") from None
-        self.source = None
-        self.exhausted = False
-        if self.is_main:
-            if cfg.learner.batches_from:
-                self.source = FileSource(cfg.learner.batches_from)
-            else:
-                self.source = TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
-            self.announce()
-        if cfg.learner.eval_every and self.heldout and self.version == 0:
-            self.evaluate()
 
     def announce(self) -> None:
         if not self.is_main:
@@ -123,16 +131,13 @@ class Learner(Service):
         return None
 
     def train_on(self, batch: TrainBatch) -> None:
+        """One optimizer step on what is usable in ``batch``; then checkpoint, announce,
+        record metrics and (every eval_every steps) evaluate."""
         if batch.seq <= self.last_seq:
             self.count("duplicate_batches")
             self.log.info("duplicate_batch_skipped", seq=batch.seq, last_seq=self.last_seq)
             return
-        tau_max = self.cfg.scheduler.tau_max
-        fresh_enough = [r for r in batch.rollouts if self.version - r.policy_version <= tau_max]
-        usable = [r for r in fresh_enough if r.is_replay or r.rollout_id not in self.trained]
-        stale, repeats = len(batch.rollouts) - len(fresh_enough), len(fresh_enough) - len(usable)
-        self.count("stale_dropped", stale)
-        self.count("repeat_dropped", repeats)
+        usable, stale, repeats = self.usable_rollouts(batch)
         self.rollouts_generated = max(self.rollouts_generated, batch.rollouts_generated)
         if not usable:
             self.last_seq = batch.seq
@@ -140,18 +145,11 @@ class Learner(Service):
         self.remember_trained(usable)
         t0 = time.perf_counter()
         stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist)
-        ages = [self.version - r.policy_version for r in usable]
+        stats.update(train_seconds=time.perf_counter() - t0, **self.age_metrics(usable),
+                     mean_reward=sum(r.reward for r in usable) / len(usable),
+                     stale_dropped=self.counters.get("stale_dropped", 0))
         self.version += 1
         self.last_seq = batch.seq
-        for a in sorted(set(ages)):
-            stats[f"age_hist/{a}"] = ages.count(a)
-        stats.update(
-            train_seconds=time.perf_counter() - t0,
-            age_mean=sum(ages) / len(ages),
-            age_max=max(ages),
-            mean_reward=sum(r.reward for r in usable) / len(usable),
-            stale_dropped=self.counters.get("stale_dropped", 0),
-        )
         if self.version % self.cfg.learner.checkpoint_every == 0 or self.version >= self.cfg.learner.max_steps:
             t1 = time.perf_counter()
             self.save()
@@ -164,6 +162,22 @@ class Learner(Service):
         every = self.cfg.learner.eval_every
         if every and self.heldout and (self.version % every == 0 or self.version >= self.cfg.learner.max_steps):
             self.evaluate()
+
+    def usable_rollouts(self, batch: TrainBatch) -> tuple[list, int, int]:
+        """(rollouts to train on, stale dropped, repeats dropped): older than tau_max at this
+        version, or a fresh rollout already trained, is dropped and counted."""
+        tau_max = self.cfg.scheduler.tau_max
+        fresh_enough = [r for r in batch.rollouts if rollout_age(self.version, r.policy_version) <= tau_max]
+        usable = [r for r in fresh_enough if r.is_replay or r.rollout_id not in self.trained]
+        stale, repeats = len(batch.rollouts) - len(fresh_enough), len(fresh_enough) - len(usable)
+        self.count("stale_dropped", stale)
+        self.count("repeat_dropped", repeats)
+        return usable, stale, repeats
+
+    def age_metrics(self, rollouts) -> dict:
+        ages = [rollout_age(self.version, r.policy_version) for r in rollouts]
+        return {"age_mean": sum(ages) / len(ages), "age_max": max(ages),
+                **{f"age_hist/{a}": ages.count(a) for a in sorted(set(ages))}}
 
     def remember_trained(self, rollouts) -> None:
         for r in rollouts:

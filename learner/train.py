@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.grpo import clipped_surrogate, policy_ratio
+from learner.grpo import grpo_loss
 from schemas import TrainRollout
 
 
@@ -97,26 +97,25 @@ def plan_micro_batches(rollouts: list[TrainRollout], max_tokens: int, world: int
     return [p + [[]] * (n - len(p)) for p in per_rank]
 
 
-STAT_NAMES = ("loss", "tokens", "clipped", "approx_kl", "ratio", "fresh/tokens", "fresh/ratio", "fresh/clipped",
-              "fresh/approx_kl", "replay/tokens", "replay/ratio", "replay/clipped", "replay/approx_kl")
+PARTS = ("all", "fresh", "replay")  # every completion token, fresh rollouts' tokens, replayed ones'
+SUMMED = ("tokens", "clipped", "approx_kl", "ratio")
+STAT_NAMES = ("loss", *(f"{part}/{name}" for part in PARTS for name in SUMMED))
 
 
 def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss contribution sum / total_tokens, detached sums of STAT_NAMES) for one micro-batch."""
+    """(this micro-batch's share of the batch loss, detached sums of STAT_NAMES). The loss
+    is ``grpo_loss`` normalised by the whole batch's token count, so micro-batch losses add
+    up to the batch's token mean; the diagnostics come from the same function per part."""
     logp = token_logprobs(model, batch)
-    adv = batch.advantage.unsqueeze(-1).expand_as(logp)
-    ratio = policy_ratio(logp, batch.behaviour_logp)
-    per_token = clipped_surrogate(ratio, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-    loss = (per_token * batch.mask).sum() / total_tokens
+    clip = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
+    loss, _ = grpo_loss(logp, batch.behaviour_logp, batch.advantage, batch.mask, total_tokens=total_tokens, **clip)
+    sums = [loss.detach() * total_tokens]
     with torch.no_grad():
-        r, lr = ratio.detach(), (logp - batch.behaviour_logp).detach()
-        clipped = (((r < 1 - cfg.clip_low) & (adv < 0)) | ((r > 1 + cfg.clip_high) & (adv > 0))).float()
-        kl = (r - 1) - lr
-        sums = [loss.detach() * total_tokens, batch.mask.sum(), (clipped * batch.mask).sum(), (kl * batch.mask).sum(),
-                (r * batch.mask).sum()]
-        for rows in (~batch.is_replay, batch.is_replay):
-            m = batch.mask * rows.unsqueeze(-1)
-            sums += [m.sum(), (r * m).sum(), (clipped * m).sum(), (kl * m).sum()]
+        for rows in (torch.ones_like(batch.is_replay), ~batch.is_replay, batch.is_replay):
+            mask = batch.mask * rows.unsqueeze(-1)
+            _, stats = grpo_loss(logp.detach(), batch.behaviour_logp, batch.advantage, mask, **clip)
+            n = mask.sum()
+            sums += [n, stats["clip_fraction"] * n, stats["approx_kl"] * n, stats["ratio_mean"] * n]
     return loss, torch.stack([torch.as_tensor(x, dtype=torch.float64) for x in sums])
 
 
@@ -128,9 +127,25 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
     world, rank = (dist.world, dist.rank) if dist is not None else (1, 0)
     total_tokens = sum(len(r.completion_ids) for r in rollouts)
     plan = plan_micro_batches(rollouts, cfg.micro_batch_tokens, world)[rank]
-    sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
     optimizer.zero_grad(set_to_none=True)
     model.train()
+    sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    model.eval()
+    return {
+        **step_metrics(dict(zip(STAT_NAMES, sums.tolist())), total_tokens),
+        "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+        "rollouts": len(rollouts),
+        "replay_share": sum(r.is_replay for r in rollouts) / len(rollouts),
+        "micro_batches": len(plan),
+    }
+
+
+def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: int, cfg, pad_id: int, world: int):
+    """Forward and backward every micro-batch of this rank's plan; return the summed
+    statistics over all ranks."""
+    sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
     autocast = torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16,
                               enabled=cfg.bf16_autocast)
     for mb in plan:
@@ -145,21 +160,14 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
         import torch.distributed as tdist
 
         tdist.all_reduce(sums)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()
-    model.eval()
-    s = dict(zip(STAT_NAMES, sums.tolist()))
-    metrics = {
-        "loss": s["loss"] / max(1, total_tokens),
-        "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
-        "clip_fraction": s["clipped"] / max(1, s["tokens"]),
-        "approx_kl": s["approx_kl"] / max(1, s["tokens"]),
-        "ratio_mean": s["ratio"] / max(1, s["tokens"]),
-        "tokens": int(s["tokens"]),
-        "rollouts": len(rollouts),
-        "replay_share": sum(r.is_replay for r in rollouts) / len(rollouts),
-        "micro_batches": len(plan),
-    }
+    return sums
+
+
+def step_metrics(s: dict[str, float], total_tokens: int) -> dict[str, float]:
+    """Token means of the summed statistics: overall, and for fresh and replayed rollouts."""
+    n = max(1, s["all/tokens"])
+    metrics = {"loss": s["loss"] / max(1, total_tokens), "tokens": int(s["all/tokens"]),
+               "clip_fraction": s["all/clipped"] / n, "approx_kl": s["all/approx_kl"] / n, "ratio_mean": s["all/ratio"] / n}
     for part in ("fresh", "replay"):
         n = s[f"{part}/tokens"]
         if n > 0:

@@ -7,11 +7,7 @@ import sys
 
 import structlog
 
-_configured = False
-
-
 def configure(fmt: str = "console", level: str = "info") -> None:
-    global _configured
     renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[
@@ -27,7 +23,6 @@ def configure(fmt: str = "console", level: str = "info") -> None:
     )
     # Libraries that log through the standard library (kafka-python) keep to warnings.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    _configured = True
 
 
 class _CurrentStderr:

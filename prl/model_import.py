@@ -96,21 +96,8 @@ def import_gguf(source: str, out_dir: str | Path, log=print) -> ImportSummary:
     where, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
-    # A plain model of the same architecture, without the GGUF quantization settings, so
-    # that transformers, vLLM and the learner load the directory like any other.
-    config = loaded.config.to_dict()
-    config.pop("quantization_config", None)
-    config.pop("_name_or_path", None)
-    plain = AutoModelForCausalLM.from_config(type(loaded.config).from_dict(config), dtype=torch.float32)
-    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and plain.config.tie_word_embeddings)]
-    if missing or unexpected:
-        raise ImportFailed(f"{source}: weights do not fit {type(plain).__name__}: missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]}")
-    if plain.config.tie_word_embeddings:
-        plain.tie_weights()
+    plain = plain_copy(loaded, source)
     out.mkdir(parents=True, exist_ok=True)
-    plain.eval()
     plain.save_pretrained(out)
     tokenizer.save_pretrained(out)
     diff = _check_roundtrip(loaded, out, tokenizer)
@@ -124,6 +111,28 @@ def import_gguf(source: str, out_dir: str | Path, log=print) -> ImportSummary:
                   "imported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (out / "prl_import.json").write_text(json.dumps(provenance, indent=2) + "\n")
     return summary
+
+
+def plain_copy(loaded, source: str):
+    """A plain model of the same architecture holding ``loaded``'s weights, without the GGUF
+    quantization settings, so that transformers, vLLM and the learner load the directory
+    like any other."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = loaded.config.to_dict()
+    config.pop("quantization_config", None)
+    config.pop("_name_or_path", None)
+    plain = AutoModelForCausalLM.from_config(type(loaded.config).from_dict(config), dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and plain.config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ImportFailed(f"{source}: weights do not fit {type(plain).__name__}: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    if plain.config.tie_word_embeddings:
+        plain.tie_weights()
+    plain.eval()
+    return plain
 
 
 def _check_roundtrip(loaded, out: Path, tokenizer) -> float:

@@ -62,3 +62,65 @@ def priority_histogram(priorities, success_rates, out_uri: str, title: str = "sc
     b.set_xlabel(f"observed success rate ({len(tested):,} tested problems)")
     fig.suptitle(title)
     save_png(fig, out_uri, dpi=100)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def by_version(rows: list[dict], out_uri: str) -> None:
+    """Mean reward and share of groups with a signal, per policy version (an archive report)."""
+    plt = _pyplot()
+    versions = [r["policy_version"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(versions, [r["mean_reward"] for r in rows], "k-o", ms=3, label="mean reward")
+    ax.plot(versions, [r["signal_share"] for r in rows], "--", label="groups with signal")
+    ax.set_xlabel("policy version")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    ax.set_title("reward by policy version")
+    save_png(fig, out_uri, 110)
+
+
+def success_trajectories(series: dict[str, tuple[list, list]], out_uri: str) -> None:
+    """Success rate per policy version, one line per difficulty."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, (xs, ys) in series.items():
+        ax.plot(xs, ys, "-o", ms=2, label=name)
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    ax.set_title("success-rate trajectories by difficulty")
+    save_png(fig, out_uri, 110)
+
+
+def age_histogram(ages, out_uri: str) -> None:
+    """Rollout ages (learner version - policy version) at acceptance."""
+    import numpy as np
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(ages, bins=np.arange(ages.min(), ages.max() + 2) - 0.5 if len(ages) else 1, color="tab:blue")
+    ax.set_xlabel("age at acceptance (learner version - policy version)")
+    ax.set_ylabel("groups")
+    ax.set_title("rollout age")
+    save_png(fig, out_uri, 110)
+
+
+def zero_signal_bars(results: dict, out_uri: str) -> None:
+    """Per strategy, the share of generation spent on groups without a signal."""
+    plt = _pyplot()
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(names, [results[n]["zero_signal_share"] for n in names], color="tab:red")
+    ax.set_ylabel("generation spent on zero-signal groups")
+    ax.set_ylim(0, 1)
+    ax.set_title("what-if: strategies on the archived outcomes")
+    save_png(fig, out_uri, 110)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 
-from producers.backends import Request, make_backend
-from producers.rewards import RewardRunner, load_reward
+from prl.generation import Request, make_backend
+from prl.rewards import RewardRunner, load_reward
 from prl.models import weights_exist
 from prl.service import Service
 from schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup, encode, headers

@@ -14,13 +14,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from scheduler.advantages import group_advantages, has_signal
+from prl.formulas import group_advantages, has_signal, rollout_age
 from scheduler.replay import BANDS, ReplayBuffer, success_band
 from schemas import RolloutGroup, TrainBatch, TrainRollout
-
-
-def age(learner_version: int, rollout_version: int) -> int:
-    return learner_version - rollout_version
 
 
 def train_rollouts(group: RolloutGroup) -> list[TrainRollout]:
@@ -64,37 +60,57 @@ def compose_batch(
     """A fresh-anchored batch: the fresh groups no older than ``tau_max`` at
     ``learner_version`` (the version that will train the batch) and, if any, a replayed
     share drawn from ``buffer`` after its stale rollouts are evicted."""
-    stale = {name: 0 for name in BANDS}
-    fresh_groups, zero_signal = [], 0
-    for g in groups:
-        if age(learner_version, g.policy_version) > tau_max:
-            stale[BANDS[success_band(sum(g.rewards) / len(g.rewards))]] += 1
-        elif drop_zero_signal and not has_signal(g.rewards):
-            zero_signal += 1
-        else:
-            fresh_groups.append(g)
-    kept, tokens = [], 0
-    for i, g in enumerate(fresh_groups):
-        t = group_tokens(g)
-        if kept and tokens + t > max_tokens:
-            leftover = fresh_groups[i:]
-            break
-        kept.append(g)
-        tokens += t
-    else:
-        leftover = []
+    fresh_groups, stale, zero_signal = sort_fresh(groups, learner_version, tau_max, drop_zero_signal)
+    kept, leftover, tokens = fit_token_budget(fresh_groups, max_tokens)
     fresh = [r for g in kept for r in train_rollouts(g)]
     replay: list[TrainRollout] = []
     if buffer is not None:
         buffer.evict_stale(learner_version, tau_max)
         if learner_version >= warmup_updates and fresh:
-            for r in buffer.draw(round(replay_ratio * len(fresh))):
-                if tokens + r.num_tokens > max_tokens:
-                    break
-                replay.append(r)
-                tokens += r.num_tokens
-        buffer.insert(fresh, [success_band(sum(g.rewards) / len(g.rewards)) for g in kept for _ in g.rollouts])
+            replay = draw_replay(buffer, round(replay_ratio * len(fresh)), max_tokens - tokens)
+        buffer.insert(fresh, [group_band(g) for g in kept for _ in g.rollouts])  # after the draw: never twice in one batch
     if not fresh:
         return Composition(None, leftover, stale, zero_signal_dropped=zero_signal)
     batch = TrainBatch(uuid.uuid4().hex, seq, learner_version, rollouts_generated, fresh + replay, time.time())
     return Composition(batch, leftover, stale, len(replay), zero_signal)
+
+
+def group_band(group: RolloutGroup) -> int:
+    return success_band(sum(group.rewards) / len(group.rewards))
+
+
+def sort_fresh(groups: list[RolloutGroup], learner_version: int, tau_max: int, drop_zero_signal: bool):
+    """(groups to train, stale groups per success band, zero-signal groups dropped)."""
+    stale = {name: 0 for name in BANDS}
+    fresh, zero_signal = [], 0
+    for g in groups:
+        if rollout_age(learner_version, g.policy_version) > tau_max:
+            stale[BANDS[group_band(g)]] += 1
+        elif drop_zero_signal and not has_signal(g.rewards):
+            zero_signal += 1
+        else:
+            fresh.append(g)
+    return fresh, stale, zero_signal
+
+
+def fit_token_budget(groups: list[RolloutGroup], max_tokens: int) -> tuple[list, list, int]:
+    """(groups that fit, in order; the rest, for the next batch; their tokens). The first
+    group always fits, so a batch is never empty for a large group."""
+    tokens = 0
+    for i, g in enumerate(groups):
+        t = group_tokens(g)
+        if i and tokens + t > max_tokens:
+            return groups[:i], groups[i:], tokens
+        tokens += t
+    return groups, [], tokens
+
+
+def draw_replay(buffer: ReplayBuffer, k: int, token_room: int) -> list[TrainRollout]:
+    """Up to k replayed rollouts that fit in ``token_room`` tokens."""
+    out = []
+    for r in buffer.draw(k):
+        if r.num_tokens > token_room:
+            break
+        out.append(r)
+        token_room -= r.num_tokens
+    return out

@@ -32,6 +32,8 @@ from collections import deque
 
 import numpy as np
 
+from prl.formulas import bernoulli_variance, decay_factor, gumbel_keys, success_estimate, top_gumbel_keys_of_equals
+
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
 
 
@@ -72,14 +74,14 @@ class PrioritySampler:
 
     # -- estimates ------------------------------------------------------------------
     def group_rate(self, g: int) -> float:
-        return (self.group_successes[g] + 1.0) / (self.group_attempts[g] + 2.0)
+        return success_estimate(self.group_successes[g], self.group_attempts[g], 1.0, 1.0)
 
     def priority(self, i: int) -> float:
         return float(self.priorities(np.asarray([i]))[0])
 
     def unseen_priority(self, g: int) -> float:
-        p = self.group_rate(g) if self.cfg.prior == "group" else self.cfg.alpha / (self.cfg.alpha + self.cfg.beta)
-        return p * (1.0 - p)
+        p = self.group_rate(g) if self.cfg.prior == "group" else success_estimate(0, 0, self.cfg.alpha, self.cfg.beta)
+        return bernoulli_variance(p)
 
     # -- the sampler interface ------------------------------------------------------
     def next(self, k: int, busy: set[int] | None = None) -> list[int]:
@@ -139,8 +141,8 @@ class PrioritySampler:
         """The best ``need`` keys among all unseen problems, (keys descending, group of each).
 
         Unseen problems of a group share one priority; in gumbel mode the top keys of its
-        m members are drawn at once from the order statistics of m Gumbels (Renyi:
-        the r-th largest is -log(sum_{s<=r} e_s / (m - s + 1)), e_s ~ Exp(1))."""
+        m members are drawn at once from the order statistics of m Gumbels
+        (prl.formulas.top_gumbel_keys_of_equals)."""
         if need <= 0:
             return [], []
         keys, groups = [], []
@@ -153,8 +155,7 @@ class PrioritySampler:
             if self.cfg.mode == "greedy":
                 keys.append(np.full(r, prio))
             else:
-                spacing = self.rng.exponential(size=r) / (m - np.arange(r))
-                keys.append(math.log(prio) - np.log(np.cumsum(spacing)))
+                keys.append(top_gumbel_keys_of_equals(math.log(prio), m, r, self.rng))
             groups.append(np.full(r, g))
         if not keys:
             return [], []
@@ -174,7 +175,7 @@ class PrioritySampler:
         attempts = np.asarray(attempts, dtype=np.float32)
         if self.cfg.half_life_versions > 0:
             elapsed = np.maximum(version - self._updated_at_np[idx], 0)
-            factor = 0.5 ** (elapsed / self.cfg.half_life_versions)
+            factor = decay_factor(elapsed, self.cfg.half_life_versions)
             self._successes_np[idx] *= factor
             self._attempts_np[idx] *= factor
             self._updated_at_np[idx] = np.maximum(self._updated_at_np[idx], version)
@@ -222,13 +223,6 @@ class PrioritySampler:
         self._compact()
 
     # -- internals ------------------------------------------------------------------
-    def _decay(self, i: int, version: int) -> None:
-        if version > self.updated_at[i]:
-            f = 0.5 ** ((version - self.updated_at[i]) / self.cfg.half_life_versions)
-            self.successes[i] *= f
-            self.attempts[i] *= f
-            self.updated_at[i] = version
-
     def _to_heap(self, i: int) -> None:
         self._push_many(np.asarray([i]))
 
@@ -240,10 +234,7 @@ class PrioritySampler:
         stamps = self._stamp_np[idx] + np.uint32(1)
         self._stamp_np[idx] = stamps
         prio = self.priorities(idx)
-        if self.cfg.mode == "greedy":
-            keys = prio
-        else:
-            keys = np.log(np.maximum(prio, 1e-12)) + self.rng.gumbel(size=len(idx))
+        keys = prio if self.cfg.mode == "greedy" else gumbel_keys(np.log(np.maximum(prio, 1e-12)), self.rng)
         push, heap = heapq.heappush, self.heap
         for entry in zip((-keys).tolist(), stamps.tolist(), idx.tolist()):
             push(heap, entry)
@@ -278,12 +269,11 @@ class PrioritySampler:
         """Current priority p(1-p) of problems ``idx`` (default: all), vectorised."""
         sel = slice(None) if idx is None else idx
         if self.cfg.prior == "group":
-            rates = ((self.group_successes + 1.0) / (self.group_attempts + 2.0))[self._group_np[sel]]
+            rates = success_estimate(self.group_successes, self.group_attempts, 1.0, 1.0)[self._group_np[sel]]
             a, b = self.cfg.pseudo_count * rates, self.cfg.pseudo_count * (1 - rates)
         else:
             a, b = self.cfg.alpha, self.cfg.beta
-        p = (self._successes_np[sel] + a) / (self._attempts_np[sel] + a + b)
-        return p * (1 - p)
+        return bernoulli_variance(success_estimate(self._successes_np[sel], self._attempts_np[sel], a, b))
 
     def success_rates(self) -> np.ndarray:
         """Observed success rate of every tested problem (NaN where untested)."""

@@ -21,6 +21,7 @@ import dataclasses
 
 import numpy as np
 
+from prl.formulas import gumbel_keys, replay_log_priority, rollout_age
 from schemas import TrainRollout
 
 BANDS = ("0-25%", "25-50%", "50-75%", "75-100%")
@@ -61,7 +62,7 @@ class ReplayBuffer:
         for slot, r in zip(slots.tolist(), rollouts):
             self.items[slot] = r
         self.version[slots] = [r.policy_version for r in rollouts]
-        self.log_priority[slots] = self.alpha * np.log(np.abs([r.advantage for r in rollouts]) + self.eps)
+        self.log_priority[slots] = replay_log_priority([r.advantage for r in rollouts], self.alpha, self.eps)
         self.band[slots] = bands
         self.alive[slots] = True
         self.times_drawn[slots] = 0
@@ -69,7 +70,7 @@ class ReplayBuffer:
 
     def evict_stale(self, learner_version: int, tau_max: int) -> int:
         """Drop rollouts more than tau_max versions behind the learner; return how many."""
-        stale = self.alive & (learner_version - self.version > tau_max)
+        stale = self.alive & (rollout_age(learner_version, self.version) > tau_max)
         count = int(stale.sum())
         if count:
             np.add.at(self.evicted_stale, self.band[stale], 1)
@@ -88,13 +89,13 @@ class ReplayBuffer:
         k = min(k, len(live))
         if k <= 0:
             return []
-        keys = self.log_priority[live] + self.rng.gumbel(size=len(live))
+        keys = gumbel_keys(self.log_priority[live], self.rng)
         top = live[np.argpartition(-keys, k - 1)[:k]] if k < len(live) else live
         self.times_drawn[top] += 1
         return [dataclasses.replace(self.items[s], is_replay=True) for s in top.tolist()]
 
     def ages(self, learner_version: int) -> np.ndarray:
-        return learner_version - self.version[self.alive]
+        return rollout_age(learner_version, self.version[self.alive])
 
     def state_dict(self) -> tuple[dict, list[TrainRollout]]:
         """(arrays and counters, live rollouts oldest first) for a snapshot."""

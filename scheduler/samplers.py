@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from prl.formulas import bernoulli_variance, success_estimate
+
 
 class UniformSampler:
     """Every problem not in flight is equally likely."""
@@ -60,8 +62,7 @@ class UniformSampler:
         return {"problems_seen": int(seen.sum())}
 
     def priorities(self):
-        p = (self.successes + 1) / (self.attempts + 2)
-        return p * (1 - p)
+        return bernoulli_variance(success_estimate(self.successes, self.attempts, 1.0, 1.0))
 
     def success_rates(self):
         with np.errstate(invalid="ignore", divide="ignore"):

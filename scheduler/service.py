@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
-from prl.plots import priority_histogram
 from prl.service import Service, ServiceStopped
 from prl.tasks import train_problems
-from scheduler.advantages import has_signal
+from prl.formulas import has_signal
 from scheduler.batches import compose_batch
 from scheduler.replay import ReplayBuffer
 from scheduler.archive import RolloutArchive
@@ -32,8 +30,6 @@ from scheduler.snapshot import read_snapshot, write_snapshot
 from schemas import DecodeError, Dispatch, PolicyVersion, RolloutGroup, Sampling, TrainBatch, encode, headers
 from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
-ANSWERED_MEMORY = 100_000  # dispatch ids remembered to recognise duplicate results
-HISTOGRAM_EVERY_S = 60.0  # the priority histogram PNG is redrawn at most this often
 
 
 class NoProblemsLeft(ServiceStopped):
@@ -62,7 +58,6 @@ class Scheduler(Service):
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
         self.retired_reasons: dict[str, str] = {}  # error kind -> its latest message
-        self.answered: OrderedDict[str, None] = OrderedDict()
         self.fresh: list[RolloutGroup] = []
         r = cfg.scheduler.replay
         self.replay = ReplayBuffer(r.capacity, r.alpha, r.eps, cfg.run.seed) if r.enabled else None
@@ -74,7 +69,6 @@ class Scheduler(Service):
         self.groups_returned = 0
         self.groups_with_signal = 0
         self.started_at = time.time()
-        self.histogram_at = float("-inf")
         self.archive = RolloutArchive(archive_root(cfg.run.run_dir), cfg.scheduler.archive_max_rows) if cfg.scheduler.archive else None
         self.restore()
         self.rollouts = transport.subscriber([self.topic(ROLLOUTS)], group=f"{cfg.run.name}.scheduler")
@@ -120,7 +114,6 @@ class Scheduler(Service):
         if flight is None:
             self.count("duplicate_or_unknown_results")
             return None
-        self.remember_answered(group.dispatch_id)
         if self.archive is not None:
             self.archive.add(group, self.learner_version)
         if group.error:
@@ -139,11 +132,6 @@ class Scheduler(Service):
         else:
             self.fresh.append(group)
         return flight.problem
-
-    def remember_answered(self, dispatch_id: str) -> None:
-        self.answered[dispatch_id] = None
-        while len(self.answered) > ANSWERED_MEMORY:
-            self.answered.popitem(last=False)
 
     def redispatch_timed_out(self) -> None:
         now = time.time()
@@ -228,7 +216,6 @@ class Scheduler(Service):
         return {
             **{name: getattr(self, name) for name in self.SCALARS},
             "in_flight": {did: [f.problem, f.issued_at, f.attempt] for did, f in self.in_flight.items()},
-            "answered": list(self.answered)[-10_000:],
             "sampler": self.sampler.state_dict(),
             "replay": replay_state,
         }
@@ -237,7 +224,6 @@ class Scheduler(Service):
         for name in self.SCALARS:
             setattr(self, name, state.get(name, getattr(self, name)))  # snapshots from before a field existed
         self.in_flight = {did: InFlight(*v) for did, v in state["in_flight"].items()}
-        self.answered = OrderedDict.fromkeys(state["answered"])
         self.sampler.load_state_dict(state["sampler"])
         self.fresh = fresh
         if self.replay is not None and state.get("replay"):
@@ -251,11 +237,6 @@ class Scheduler(Service):
         if self.archive is not None:  # what the committed offsets cover is archived, too
             self.archive.flush()
         self.rollouts.commit()
-        if time.monotonic() - self.histogram_at >= HISTOGRAM_EVERY_S:
-            self.histogram_at = time.monotonic()
-            priority_histogram(self.sampler.priorities(), self.sampler.success_rates(),
-                               self.cfg.run.run_dir.rstrip("/") + "/priority_histogram.png",
-                               f"scheduler at batch {self.next_seq} ({self.cfg.scheduler.strategy})")
         self.log.info("snapshot_written", uri=uri, seq=self.next_seq, in_flight=len(self.in_flight))
 
     def restore(self) -> None:

@@ -1,4 +1,4 @@
-"""Wire records: one dataclass and one Arrow schema per kind, encoded as Arrow IPC.
+"""Wire records: one dataclass per kind; its Arrow schema is derived from the annotations.
 
 Every message body is an Arrow IPC stream holding one record batch whose schema carries
 ``kind`` and ``schema_version`` in its metadata; the same two values (and the policy
@@ -6,27 +6,30 @@ version where one applies) also travel as Kafka headers so a plain client can fi
 without decoding. ``decode`` checks all of it and raises :class:`DecodeError` with a
 machine-readable ``reason``; nothing is ever pickled.
 
-Token ids and log-probs are numpy arrays (int32, float32) in the records, so encoding hands
-their buffers to Arrow and decoding returns read-only views of the message instead of
-building a Python object per token (a 2,000-token rollout is 4,000 numbers). Constructors
-accept any sequence and convert it once.
+A record is declared once, as a dataclass. :func:`arrow_type` turns each annotation into
+its Arrow type (str -> string, int -> int64, float -> float64, bool, bytes, ``X | None``
+nullable, ``list[X]``, nested dataclasses -> struct); ``Annotated[int, pa.int32()]`` picks a
+narrower type. Token ids and log-probs are numpy arrays (``TokenIds`` int32, ``LogProbs``
+float32): encoding hands their buffers to Arrow and decoding returns read-only views of
+the message instead of a Python object per token; constructors accept any sequence and
+convert it once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
 MAX_COUNT = 2**31 - 1  # versions, sequence numbers, sizes: anything larger is corrupt
-
-_ids = pa.list_(pa.int32())
-_floats = pa.list_(pa.float32())
 
 
 def token_ids(values) -> np.ndarray:
@@ -46,22 +49,80 @@ def _vector(values, dtype) -> np.ndarray:
     return out
 
 
-class _ArrayRecord:
-    """A record with numpy array fields: ``ARRAYS`` names each one and its conversion, applied
-    once at construction. Equality is field by field (the dataclass default compares tuples,
-    which numpy refuses to reduce to one bool)."""
+# Field types with a wire type narrower than the default, and the numpy array fields (Arrow
+# type, then the conversion applied at construction).
+Int32 = Annotated[int, pa.int32()]
+Float32 = Annotated[float, pa.float32()]
+TokenIds = Annotated[np.ndarray, pa.list_(pa.int32()), token_ids]
+LogProbs = Annotated[np.ndarray, pa.list_(pa.float32()), logprob_array]
+_PLAIN = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_(), bytes: pa.binary()}
 
-    ARRAYS: ClassVar[dict] = {}
-    __hash__ = None
 
-    def __post_init__(self):
-        for name, convert in self.ARRAYS.items():
-            object.__setattr__(self, name, convert(getattr(self, name)))
+def arrow_type(hint) -> pa.DataType:
+    """The Arrow type of a record field's annotation (resolved with ``include_extras``)."""
+    if typing.get_origin(hint) is Annotated:
+        return next(m for m in hint.__metadata__ if isinstance(m, pa.DataType))
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return arrow_type(inner)
+    if typing.get_origin(hint) is list:
+        return pa.list_(arrow_type(typing.get_args(hint)[0]))
+    if dataclasses.is_dataclass(hint):
+        return pa.struct([pa.field(name, arrow_type(h)) for name, h in _hints(hint).items()])
+    return _PLAIN[hint]
 
-    def __eq__(self, other):
-        if type(other) is not type(self):
-            return NotImplemented
-        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self))
+
+@functools.cache
+def _hints(cls) -> dict:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _converters(cls) -> dict:
+    """Field name -> conversion, for the fields annotated with one (the numpy arrays)."""
+    out = {}
+    for name, hint in _hints(cls).items():
+        if typing.get_origin(hint) is Annotated:
+            out.update({name: m for m in hint.__metadata__ if callable(m) and not isinstance(m, pa.DataType)})
+    return out
+
+
+def nullable_fields(cls) -> set[str]:
+    """Top-level fields annotated ``X | None`` (the only place a null is allowed)."""
+    return {name for name, hint in _hints(cls).items()
+            if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)}
+
+
+def record(kind: str | None = None):
+    """Class decorator: a frozen dataclass whose ``SCHEMA`` is derived from its annotations
+    (and, with ``kind``, a wire record of that kind). Array fields are converted once at
+    construction; equality compares arrays element-wise (the dataclass default compares
+    tuples, which numpy refuses to reduce to one bool); records of plain values keep the
+    dataclass equality and hash."""
+
+    def wrap(cls):
+        cls.__post_init__ = _convert_arrays
+        cls = dataclass(frozen=True)(cls)
+        cls.SCHEMA = pa.schema([pa.field(name, arrow_type(h)) for name, h in _hints(cls).items()])
+        cls.ARRAYS = _converters(cls)
+        if kind is not None:
+            cls.KIND = kind
+        if cls.ARRAYS:
+            cls.__eq__, cls.__hash__ = _record_eq, None
+        return cls
+
+    return wrap
+
+
+def _convert_arrays(self) -> None:
+    for name, convert in self.ARRAYS.items():
+        object.__setattr__(self, name, convert(getattr(self, name)))
+
+
+def _record_eq(self, other):
+    if type(other) is not type(self):
+        return NotImplemented
+    return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self))
 
 
 def _same(a, b) -> bool:
@@ -79,51 +140,26 @@ class DecodeError(ValueError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
-@dataclass(frozen=True)
+@record()
 class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
-    max_tokens: int = 16
+    max_tokens: Int32 = 16
     stop: list[str] = field(default_factory=list)
 
 
-_sampling_type = pa.struct(
-    [
-        ("temperature", pa.float64()),
-        ("top_p", pa.float64()),
-        ("max_tokens", pa.int32()),
-        ("stop", pa.list_(pa.string())),
-    ]
-)
-
-
-@dataclass(frozen=True)
+@record("dispatch")
 class Dispatch:
     """The scheduler asks a producer for ``group_size`` completions of one problem."""
 
-    KIND: ClassVar[str] = "dispatch"
-    SCHEMA: ClassVar[pa.Schema] = pa.schema(
-        [
-            ("dispatch_id", pa.string()),
-            ("problem_id", pa.string()),
-            ("prompt", pa.string()),
-            ("answer", pa.string()),
-            ("group_size", pa.int32()),
-            ("sampling", _sampling_type),
-            ("learner_version", pa.int64()),
-            ("attempt", pa.int32()),
-            ("issued_at", pa.float64()),
-            ("chat", pa.bool_()),
-        ]
-    )
     dispatch_id: str
     problem_id: str
     prompt: str
     answer: str
-    group_size: int
+    group_size: Int32
     sampling: Sampling
     learner_version: int
-    attempt: int = 0
+    attempt: Int32 = 0
     issued_at: float = 0.0
     chat: bool = False  # prompt is a JSON list of chat messages: apply the chat template
 
@@ -134,59 +170,30 @@ class Dispatch:
         _require(bool(self.problem_id), "invalid_value", "empty problem_id")
 
 
-@dataclass(frozen=True, eq=False)
-class Rollout(_ArrayRecord):
+@record()
+class Rollout:
     """One sampled completion with its behaviour log-probs (one per completion token)."""
 
-    ARRAYS: ClassVar[dict] = {"completion_ids": token_ids, "logprobs": logprob_array}
-    completion_ids: np.ndarray  # int32
-    logprobs: np.ndarray  # float32
-    reward: float
+    completion_ids: TokenIds
+    logprobs: LogProbs
+    reward: Float32
     finish_reason: str  # "stop" (end of sequence or stop string) or "length"
     text: str = ""
 
 
-_rollout_type = pa.struct(
-    [
-        ("completion_ids", _ids),
-        ("logprobs", _floats),
-        ("reward", pa.float32()),
-        ("finish_reason", pa.string()),
-        ("text", pa.string()),
-    ]
-)
-
-
-@dataclass(frozen=True, eq=False)
-class RolloutGroup(_ArrayRecord):
+@record("rollout_group")
+class RolloutGroup:
     """G completions of one dispatched problem, made by one policy version."""
 
-    ARRAYS: ClassVar[dict] = {"prompt_ids": token_ids}
-    KIND: ClassVar[str] = "rollout_group"
-    SCHEMA: ClassVar[pa.Schema] = pa.schema(
-        [
-            ("dispatch_id", pa.string()),
-            ("problem_id", pa.string()),
-            ("policy_version", pa.int64()),
-            ("producer_id", pa.string()),
-            ("prompt_ids", _ids),
-            ("temperature", pa.float64()),
-            ("rollouts", pa.list_(_rollout_type)),
-            ("generate_seconds", pa.float32()),
-            ("reward_seconds", pa.float32()),
-            ("created_at", pa.float64()),
-            ("error", pa.string()),
-        ]
-    )
     dispatch_id: str
     problem_id: str
     policy_version: int
     producer_id: str
-    prompt_ids: np.ndarray  # int32
+    prompt_ids: TokenIds
     temperature: float
     rollouts: list[Rollout]
-    generate_seconds: float = 0.0
-    reward_seconds: float = 0.0
+    generate_seconds: Float32 = 0.0
+    reward_seconds: Float32 = 0.0
     created_at: float = 0.0
     error: str = ""  # the problem could not be served (prompt too long, ...): no rollouts
 
@@ -204,68 +211,36 @@ class RolloutGroup(_ArrayRecord):
             _require(bool(np.isfinite(r.logprobs).all() and (r.logprobs <= 0).all()), "invalid_value", "bad logprob")
 
 
-@dataclass(frozen=True, eq=False)
-class TrainRollout(_ArrayRecord):
+@record()
+class TrainRollout:
     """A rollout as the learner sees it: tokens, behaviour log-probs, frozen advantage."""
-
-    ARRAYS: ClassVar[dict] = {"prompt_ids": token_ids, "completion_ids": token_ids, "logprobs": logprob_array}
 
     rollout_id: str
     problem_id: str
     policy_version: int
     is_replay: bool
-    advantage: float
-    reward: float
+    advantage: Float32
+    reward: Float32
     temperature: float
-    prompt_ids: np.ndarray  # int32
-    completion_ids: np.ndarray  # int32
-    logprobs: np.ndarray  # float32
+    prompt_ids: TokenIds
+    completion_ids: TokenIds
+    logprobs: LogProbs
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
 
 
-_train_rollout_type = pa.struct(
-    [
-        ("rollout_id", pa.string()),
-        ("problem_id", pa.string()),
-        ("policy_version", pa.int64()),
-        ("is_replay", pa.bool_()),
-        ("advantage", pa.float32()),
-        ("reward", pa.float32()),
-        ("temperature", pa.float64()),
-        ("prompt_ids", _ids),
-        ("completion_ids", _ids),
-        ("logprobs", _floats),
-    ]
-)
-
-
-@dataclass(frozen=True)
+@record("train_batch")
 class TrainBatch:
     """One optimizer step's worth of rollouts: fresh ones first, then replayed ones."""
 
-    KIND: ClassVar[str] = "train_batch"
-    SCHEMA: ClassVar[pa.Schema] = pa.schema(
-        [
-            ("batch_id", pa.string()),
-            ("seq", pa.int64()),
-            ("learner_version", pa.int64()),
-            ("rollouts_generated", pa.int64()),
-            ("rollouts", pa.list_(_train_rollout_type)),
-            ("created_at", pa.float64()),
-        ]
-    )
     batch_id: str
     seq: int
     learner_version: int
     rollouts_generated: int
     rollouts: list[TrainRollout]
     created_at: float = 0.0
-
-    def ages(self, version: int) -> list[int]:
-        return [version - r.policy_version for r in self.rollouts]
 
     def validate(self) -> None:
         _require(0 <= self.seq <= MAX_COUNT, "invalid_value", "seq out of range")
@@ -276,19 +251,10 @@ class TrainBatch:
             _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")
 
 
-@dataclass(frozen=True)
+@record("policy_version")
 class PolicyVersion:
     """The learner announces new weights. ``checkpoint_uri`` is empty between checkpoints."""
 
-    KIND: ClassVar[str] = "policy_version"
-    SCHEMA: ClassVar[pa.Schema] = pa.schema(
-        [
-            ("version", pa.int64()),
-            ("checkpoint_uri", pa.string()),
-            ("last_batch_seq", pa.int64()),
-            ("created_at", pa.float64()),
-        ]
-    )
     version: int
     checkpoint_uri: str
     last_batch_seq: int
@@ -299,31 +265,17 @@ class PolicyVersion:
         _require(self.version <= MAX_COUNT and -1 <= self.last_batch_seq <= MAX_COUNT, "invalid_value", "version out of range")
 
 
-@dataclass(frozen=True)
+@record("dead_letter")
 class DeadLetter:
     """A message some service could not use, kept byte for byte with the reason."""
 
-    KIND: ClassVar[str] = "dead_letter"
-    SCHEMA: ClassVar[pa.Schema] = pa.schema(
-        [
-            ("source_topic", pa.string()),
-            ("partition", pa.int32()),
-            ("offset", pa.int64()),
-            ("reason", pa.string()),
-            ("detail", pa.string()),
-            ("service", pa.string()),
-            ("key", pa.binary()),
-            ("original", pa.binary()),
-            ("created_at", pa.float64()),
-        ]
-    )
     source_topic: str
-    partition: int
+    partition: Int32
     offset: int
     reason: str
     detail: str
     service: str
-    key: bytes | None
+    key: bytes | None  # the Kafka key, if the message had one
     original: bytes
     created_at: float = 0.0
 
@@ -331,7 +283,6 @@ class DeadLetter:
         pass
 
 
-NULLABLE = {"key"}  # the only field that may be null: a dead letter's Kafka key
 RECORD_TYPES = {cls.KIND: cls for cls in (Dispatch, RolloutGroup, TrainBatch, PolicyVersion, DeadLetter)}
 
 
@@ -447,7 +398,8 @@ def from_table(table: pa.Table, cls: type) -> list:
     log-probs become read-only numpy views of the table's buffers; a null anywhere but a
     dead letter's key raises :class:`DecodeError` ``null_field``."""
     names = [f.name for f in dataclasses.fields(cls)]
-    columns = [_values(table.column(name).combine_chunks(), name, nullable=name in NULLABLE) for name in names]
+    nullable = nullable_fields(cls)
+    columns = [_values(table.column(name).combine_chunks(), name, nullable=name in nullable) for name in names]
     return [_from_row(cls, dict(zip(names, row))) for row in zip(*columns)]
 
 

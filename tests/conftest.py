@@ -2,7 +2,7 @@ import uuid
 
 import pytest
 
-from tests.support.servers import KafkaBroker
+from prl.servers import KafkaBroker
 
 
 @pytest.fixture(scope="session")

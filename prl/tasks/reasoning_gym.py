@@ -124,7 +124,7 @@ def make_rows(task: str, train: int, test: int, seed: int, settings: dict, syste
 
 
 def _row(task: str, settings: dict, entry: dict, split: str, n: int, system_prompt: str) -> dict:
-    from producers.rewards import reasoning_gym as reward
+    from prl.rewards import reasoning_gym as reward
 
     metadata = json.loads(json.dumps(entry.get("metadata", {}), default=str))
     truth = json.dumps({"answer": entry["answer"], "task": task, "settings": settings,

@@ -1,3 +1,22 @@
-from prl.transport.base import Message, Publisher, Subscriber, Transport, TransportError, make_transport
+"""The transport: two small interfaces (prl/transport/base.py) and this factory.
+
+Implementations: prl/transport/memory.py (in-process, for `prl run` and tests) and
+prl/transport/kafka.py (a deployment). Both import the interfaces; only the factory here
+knows them both.
+"""
+
+from prl.transport.base import Message, Publisher, Subscriber, Transport, TransportError
+
+
+def make_transport(cfg, *, memory_broker=None) -> Transport:
+    """The transport a config names. ``memory_broker`` shares one in-process broker."""
+    if cfg.type == "memory":
+        from prl.transport.memory import MemoryBroker, MemoryTransport
+
+        return MemoryTransport(memory_broker or MemoryBroker())
+    from prl.transport.kafka import KafkaTransport
+
+    return KafkaTransport(cfg.kafka)
+
 
 __all__ = ["Message", "Publisher", "Subscriber", "Transport", "TransportError", "make_transport"]

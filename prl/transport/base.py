@@ -71,14 +71,3 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         pass
-
-
-def make_transport(cfg, *, memory_broker=None) -> Transport:
-    """The transport a config names. ``memory_broker`` shares one in-process broker."""
-    if cfg.type == "memory":
-        from prl.transport.memory import MemoryBroker, MemoryTransport
-
-        return MemoryTransport(memory_broker or MemoryBroker())
-    from prl.transport.kafka import KafkaTransport
-
-    return KafkaTransport(cfg.kafka)

@@ -2,13 +2,13 @@
 
 A small chat model is made in the test (ChatML template, character tokenizer, random
 weights): nothing is downloaded. The real SmolLM2-135M-Instruct path is in
-tests/test_real_model.py."""
+tests/integration/test_real_model.py."""
 
 import json
 
 import pytest
 
-from producers.backends import NoChatTemplate, Request, TransformersBackend, encode_prompt
+from prl.generation import NoChatTemplate, Request, TransformersBackend, encode_prompt
 from schemas import Sampling
 from tests.support.chat_model import make_chat_model
 

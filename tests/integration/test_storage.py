@@ -11,7 +11,7 @@ import torch
 from learner import checkpoint
 from prl import storage
 from prl.models import export_state, load_model, resolve_model_dir
-from tests.support.servers import S3Server
+from prl.servers import S3Server
 
 
 @pytest.fixture(scope="module")

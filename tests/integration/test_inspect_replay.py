@@ -10,13 +10,13 @@ import fsspec
 import pytest
 
 from learner.service import Learner
-from prl import inspect, replay
+from prl.cli import inspect, replay
 from prl.transport.kafka import KafkaTransport
 from scheduler.archive import RolloutArchive, read_archive
 from schemas import Rollout, RolloutGroup, encode, headers
 from schemas.config import load_config
 from schemas.topics import ROLLOUTS, topic_name
-from tests.support.servers import S3Server, wait_until
+from prl.servers import S3Server, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -112,29 +112,37 @@ def s3_env(monkeypatch, tmp_path):
 
 def test_archive_on_s3_report_whatif_publish(s3_env, kafka_broker, run_name, tmp_path):
     groups = make_groups(96)
-    archive = RolloutArchive(f"s3://prl-archive/{run_name}/archive", max_rows=7)
+    uri = f"s3://prl-archive/{run_name}/archive"
+    archive = RolloutArchive(uri, max_rows=7)
     for g in groups:
         archive.add(g, learner_version=g.policy_version + 1)
     archive.close()
+    assert_readable_with_pyarrow_alone(s3_env, f"prl-archive/{run_name}/archive", groups, max_rows=7)
+    assert read_archive(uri).num_rows == 96
+    assert_report_and_whatif(uri, run_name)
+    assert_published_archive_trains_a_learner(uri, groups, kafka_broker, run_name, tmp_path)
 
-    # Readable with pyarrow alone (its own S3 client, Hive partitions): no project code.
+
+def assert_readable_with_pyarrow_alone(s3_env, path: str, groups, max_rows: int) -> None:
+    """pyarrow's own S3 client and Hive partitions read the archive: no project code."""
     import pyarrow.dataset as ds
     import pyarrow.fs as pafs
 
     s3 = pafs.S3FileSystem(endpoint_override=s3_env.endpoint, scheme="http", access_key="test", secret_key="test",
                            region="us-east-1")
-    dataset = ds.dataset(f"prl-archive/{run_name}/archive", filesystem=s3, format="parquet", partitioning="hive")
+    dataset = ds.dataset(path, filesystem=s3, format="parquet", partitioning="hive")
     table = dataset.to_table()
-    assert table.num_rows == 96 and sorted(table["dispatch_id"].to_pylist()) == [g.dispatch_id for g in groups]
+    assert table.num_rows == len(groups) and sorted(table["dispatch_id"].to_pylist()) == [g.dispatch_id for g in groups]
     assert {"problem_id", "producer_id", "rollouts", "accepted_at", "learner_version", "policy_version"} <= set(table.schema.names)
-    assert all(f.count_rows() <= 7 for f in dataset.get_fragments())
-    assert read_archive(f"s3://prl-archive/{run_name}/archive").num_rows == 96
+    assert all(f.count_rows() <= max_rows for f in dataset.get_fragments())
 
+
+def assert_report_and_whatif(uri: str, run_name: str) -> None:
     out = f"s3://prl-archive/{run_name}/replay"
-    rep = replay.report(f"s3://prl-archive/{run_name}/archive", out)
+    rep = replay.report(uri, out)
     assert sum(r["groups"] for r in rep["versions"]) == 96 and rep["age_mean"] == 1.0
     assert "mean reward" in replay.format_report(rep)
-    res = replay.whatif(f"s3://prl-archive/{run_name}/archive", out, progress=False)
+    res = replay.whatif(uri, out, progress=False)
     assert set(res["strategies"]) == set(replay.STRATEGIES)
     assert all(r["rollouts_generated"] == res["rounds"] * res["per_round"] * 4 for r in res["strategies"].values())
     assert "success_variance" in replay.format_whatif(res)
@@ -143,11 +151,13 @@ def test_archive_on_s3_report_whatif_publish(s3_env, kafka_broker, run_name, tmp
         with fs.open(f"prl-archive/{run_name}/replay/{png}.png", "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
-    # publish, then a learner consumes exactly the archived rollouts.
+
+def assert_published_archive_trains_a_learner(uri: str, groups, kafka_broker, run_name, tmp_path) -> None:
+    """publish, then a learner consumes exactly the archived rollouts."""
     cfg = kafka_config(kafka_broker, run_name, **{"run.run_dir": json.dumps(str(tmp_path / "run")), "learner.eval_every": 0,
                                                   "scheduler.groups_per_batch": 8, "learner.threads": 1})
     transport = KafkaTransport(cfg.transport.kafka)
-    n_batches = replay.publish(cfg, transport, f"s3://prl-archive/{run_name}/archive", rate=0, progress=False)
+    n_batches = replay.publish(cfg, transport, uri, rate=0, progress=False)
     assert n_batches == 12
     cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"max_steps": n_batches})})
     learner = Learner(cfg, transport)

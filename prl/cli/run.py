@@ -13,11 +13,31 @@ import time
 import structlog
 
 from prl.metrics import MetricsSink, read_metrics
-from prl.plots import learning_curve
+from prl.plots import learning_curve, priority_histogram
 from prl.service import ServiceStopped
 from prl.transport.memory import MemoryBroker, MemoryTransport
 
 log = structlog.get_logger("run")
+
+
+def command(args, cfg) -> int:
+    """`prl run`: the pipeline in one process; the summary as JSON; one line if it stops."""
+    import json
+    import sys
+
+    from prl.service import ServiceStopped
+
+    if cfg.transport.type != "memory":
+        print("prl run uses the in-memory transport; start services with prl scheduler|producer|learner", file=sys.stderr)
+        return 2
+    try:
+        summary = run_pipeline(cfg, progress=not args.no_progress,
+                               max_seconds=args.max_minutes * 60 if args.max_minutes else None)
+    except ServiceStopped as exc:
+        print(f"prl run: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2))
+    return 0
 
 
 def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, max_seconds: float | None = None) -> dict:
@@ -35,7 +55,8 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     budget = Budget(max_rollouts, max_seconds)
     learner = Learner(cfg, transport, metrics)
     start = dict(getattr(learner, "last_eval", {}))
-    background = Background([Scheduler(cfg, transport, metrics), Producer(cfg, transport, metrics)])
+    scheduler = Scheduler(cfg, transport, metrics)
+    background = Background([scheduler, Producer(cfg, transport, metrics)])
     try:
         stopped_by_budget = train(learner, background, budget, _progress(cfg.learner.max_steps, learner.version) if progress else None)
         background.stop()
@@ -46,19 +67,19 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
         learner.close()
     if background.failures:
         raise background.failures[0]
-    learning_curve(read_metrics(metrics.path), cfg.run.run_dir.rstrip("/") + "/learning_curve.png")
-    end = dict(getattr(learner, "last_eval", {}))
-    summary = {
-        "steps": learner.version,
-        "seconds": round(budget.elapsed(), 1),
-        "rollouts_generated": learner.rollouts_generated,
-        "accuracy_start": start.get("accuracy"),
-        "accuracy_end": end.get("accuracy"),
-        "start": start,
-        "end": end,
-    }
+    run_dir = cfg.run.run_dir.rstrip("/")
+    learning_curve(read_metrics(metrics.path), f"{run_dir}/learning_curve.png")
+    priority_histogram(scheduler.sampler.priorities(), scheduler.sampler.success_rates(), f"{run_dir}/priority_histogram.png",
+                       f"scheduler at the end ({cfg.scheduler.strategy})")
+    summary = summarize(learner, start, budget.elapsed())
     log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
     return summary
+
+
+def summarize(learner, start: dict, seconds: float) -> dict:
+    end = dict(getattr(learner, "last_eval", {}))
+    return {"steps": learner.version, "seconds": round(seconds, 1), "rollouts_generated": learner.rollouts_generated,
+            "accuracy_start": start.get("accuracy"), "accuracy_end": end.get("accuracy"), "start": start, "end": end}
 
 
 def train(learner, background: "Background", budget: "Budget", bar) -> bool:

@@ -19,12 +19,14 @@ import fsspec
 import pytest
 
 from learner import checkpoint
+from prl.formulas import rollout_age
 from prl.transport.kafka import KafkaTransport
 from scheduler.snapshot import read_snapshot
 from schemas import Dispatch, RolloutGroup, TrainBatch, decode
 from schemas.config import KafkaConfig
 from schemas.topics import BATCHES, PROBLEMS, ROLLOUTS, topic_name
-from tests.support.servers import KafkaBroker, Process, S3Server, wait_until
+from prl.servers import KafkaBroker, Process, S3Server, wait_until
+from tests.support.configs import write_kafka_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -68,33 +70,10 @@ class Cluster:
         self.run_name = run_name
         self.broker = broker
         self.config = tmp_path / "config.toml"
-        self.config.write_text(f"""
-[run]
-name = "{run_name}"
-run_dir = "{self.run_dir}"
-log_format = "json"
-[transport]
-type = "kafka"
-[transport.kafka]
-bootstrap_servers = "{broker.bootstrap}"
-session_timeout_ms = 3000
-[scheduler]
-groups_per_batch = 4
-max_in_flight = 8
-tau_max = {TAU_MAX}
-snapshot_every = 1
-dispatch_timeout_s = 20
-[scheduler.replay]
-warmup_updates = 4
-[producer]
-max_dispatches_per_call = 4
-threads = 1
-[learner]
-max_steps = {MAX_STEPS}
-eval_every = 0
-checkpoint_every = 1
-threads = 1
-""")
+        write_kafka_config(self.config, broker.bootstrap, run_name, self.run_dir,
+                           scheduler={"tau_max": TAU_MAX, "snapshot_every": 1, "dispatch_timeout_s": 20,
+                                      "replay": {"warmup_updates": 4}},
+                           learner={"max_steps": MAX_STEPS})
         self.procs: dict[str, Process] = {}
         self.starts: Counter = Counter()
 
@@ -160,10 +139,16 @@ def check_invariants(cluster: Cluster) -> dict:
     dispatches = read_topic(cluster.broker.bootstrap, topic_name(name, PROBLEMS), Dispatch)
     groups = read_topic(cluster.broker.bootstrap, topic_name(name, ROLLOUTS), RolloutGroup)
     batches = read_topic(cluster.broker.bootstrap, topic_name(name, BATCHES), TrainBatch)
+    assert_no_dispatch_lost(dispatches, groups, set(read_snapshot(cluster.run_dir)[0]["in_flight"]))
+    lineage = learner_lineage(cluster)
+    trained = assert_lineage_trains_each_batch_once(lineage, {b.batch_id: b for b in batches})
+    return {"dispatches": len(dispatches), "groups": len(groups), "batches": len(batches),
+            "fresh_trained": len(trained), "restarts": sum(cluster.starts.values()) - len(SERVICES)}
 
-    # No dispatched problem lost.
+
+def assert_no_dispatch_lost(dispatches, groups, in_flight: set) -> None:
+    """Each problem's latest dispatch is answered or still in flight."""
     answered = {g.dispatch_id for g in groups}
-    in_flight = set(read_snapshot(cluster.run_dir)[0]["in_flight"])
     last_issued: dict[str, float] = {}
     for d in dispatches:
         last_issued[d.problem_id] = max(last_issued.get(d.problem_id, 0.0), d.issued_at)
@@ -171,8 +156,10 @@ def check_invariants(cluster: Cluster) -> dict:
             if d.dispatch_id not in answered and d.dispatch_id not in in_flight and last_issued[d.problem_id] == d.issued_at]
     assert not lost, f"{len(lost)} of {len(dispatches)} dispatches lost: {lost[:3]}"
 
-    # The learner's lineage: the last "step" line for each step number (a step trained after the
-    # last checkpoint of a killed learner is trained again by its successor).
+
+def learner_lineage(cluster: Cluster) -> dict[int, dict]:
+    """The last "step" log line for each step number (a step trained after the last
+    checkpoint of a killed learner is trained again by its successor)."""
     lineage: dict[int, dict] = {}
     for start, lines in enumerate(cluster.logs("learner")):
         resumed = next((ln["version"] for ln in lines if ln.get("event") == "resumed"), 0)
@@ -183,23 +170,26 @@ def check_invariants(cluster: Cluster) -> dict:
         for s in steps:
             lineage[s["step"]] = s
     assert sorted(lineage) == list(range(1, MAX_STEPS + 1))
+    return lineage
 
-    by_id = {b.batch_id: b for b in batches}
+
+def assert_lineage_trains_each_batch_once(lineage: dict[int, dict], by_id: dict) -> Counter:
+    """Batches in order, none twice; no stale rollout trained; no fresh rollout trained twice."""
     seqs = [lineage[k]["batch_seq"] for k in sorted(lineage)]
     assert seqs == sorted(set(seqs)), "batches trained out of order or twice"
     trained: Counter = Counter()
     for step, line in sorted(lineage.items()):
         batch = by_id[line["batch_id"]]
         version = step - 1
-        stale = [r for r in batch.rollouts if version - r.policy_version > TAU_MAX]
+        stale = [r for r in batch.rollouts if rollout_age(version, r.policy_version) > TAU_MAX]
         assert line["stale"] == len(stale)
         assert line["repeats"] == 0, "with a snapshot per batch, no rollout is offered twice"
         assert line["rollouts"] == len(batch.rollouts) - len(stale)
-        trained.update(r.rollout_id for r in batch.rollouts if not r.is_replay and version - r.policy_version <= TAU_MAX)
+        trained.update(r.rollout_id for r in batch.rollouts
+                       if not r.is_replay and rollout_age(version, r.policy_version) <= TAU_MAX)
     twice = [rid for rid, n in trained.items() if n > 1]
     assert not twice, f"fresh rollouts trained twice: {twice[:5]}"
-    return {"dispatches": len(dispatches), "groups": len(groups), "batches": len(batches),
-            "fresh_trained": len(trained), "restarts": sum(cluster.starts.values()) - len(SERVICES)}
+    return trained
 
 
 def test_kill_9_each_service_in_turn(s3, tmp_path, run_name):

@@ -207,40 +207,23 @@ class Summary:
 def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool, as_json: bool, summary: bool,
          limit: int | None, out=sys.stdout) -> int:
     """Print the topic's messages (decoded and filtered); return how many were shown."""
-    from kafka import TopicPartition
-
     name = topic if "." in topic else topic_name(cfg.run.name, topic)
     consumer = _consumer(cfg.transport.kafka)
     shown = 0
     stats = Summary()
     try:
-        tps = [TopicPartition(name, p) for p in sorted(consumer.partitions_for_topic(name) or [])]
-        if not tps:
-            raise SystemExit(f"prl: no topic {name}")
-        ends = end_offsets(consumer, tps)
-        if from_beginning:
-            consumer.seek_to_beginning(*tps)
-        else:
-            for tp in tps:
-                consumer.seek(tp, ends[tp])
+        tps = _position(consumer, name, from_beginning)
         while True:
             batches = consumer.poll(timeout_ms=500, max_records=500)
-            for tp_msgs in batches.values():
-                for m in tp_msgs:
-                    record, error = decode_for_tail(m.value)
-                    if record is None:
-                        stats.undecodable += 1
-                        row = {"partition": m.partition, "offset": m.offset, "undecodable": error}
-                    elif not flt.keep(record):
-                        continue
-                    else:
-                        stats.add(record)
-                        row = {"partition": m.partition, "offset": m.offset, **describe(record, brief=not as_json)}
-                    if not summary:
-                        print(json.dumps(row, default=str) if as_json else format_row(row), file=out)
-                    shown += 1
-                    if limit is not None and shown >= limit:
-                        return shown
+            for m in (m for tp_msgs in batches.values() for m in tp_msgs):
+                row = _tail_row(m, flt, stats, brief=not as_json)
+                if row is None:
+                    continue
+                if not summary:
+                    print(json.dumps(row, default=str) if as_json else format_row(row), file=out)
+                shown += 1
+                if limit is not None and shown >= limit:
+                    return shown
             if not follow and all(consumer.position(tp) >= consumer.highwater(tp) for tp in tps
                                   if consumer.highwater(tp) is not None):
                 break
@@ -253,9 +236,56 @@ def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool
         consumer.close()
 
 
+def _position(consumer, name: str, from_beginning: bool) -> list:
+    """Assign every partition of ``name`` and seek to its beginning or its end."""
+    from kafka import TopicPartition
+
+    tps = [TopicPartition(name, p) for p in sorted(consumer.partitions_for_topic(name) or [])]
+    if not tps:
+        raise SystemExit(f"prl: no topic {name}")
+    ends = end_offsets(consumer, tps)
+    if from_beginning:
+        consumer.seek_to_beginning(*tps)
+    else:
+        for tp in tps:
+            consumer.seek(tp, ends[tp])
+    return tps
+
+
+def _tail_row(m, flt: TailFilter, stats: "Summary", brief: bool) -> dict | None:
+    """One message as a row to show (counted in ``stats``), or None if the filter drops it."""
+    record, error = decode_for_tail(m.value)
+    if record is None:
+        stats.undecodable += 1
+        return {"partition": m.partition, "offset": m.offset, "undecodable": error}
+    if not flt.keep(record):
+        return None
+    stats.add(record)
+    return {"partition": m.partition, "offset": m.offset, **describe(record, brief=brief)}
+
+
 def format_row(row: dict) -> str:
     head = f"{row['partition']}:{row['offset']:<7}"
     if "undecodable" in row:
         return f"{head} UNDECODABLE {row['undecodable']}"
     rest = {k: v for k, v in row.items() if k not in ("partition", "offset", "kind")}
     return f"{head} {row['kind']:<14} " + " ".join(f"{k}={v}" for k, v in rest.items())
+
+
+def command(args, cfg) -> int:
+    """`prl inspect topics|tail`."""
+    import sys
+
+    if cfg.transport.type != "kafka":
+        print("prl inspect reads Kafka topics: set transport.type = \"kafka\"", file=sys.stderr)
+        return 2
+    if args.action == "topics":
+        print(format_topics(topic_report(cfg)))
+        return 0
+    flt = TailFilter(args.problem, args.min_version, args.max_version, args.min_reward, args.max_reward, args.producer)
+    try:
+        tail(cfg, args.topic, flt=flt, from_beginning=args.from_beginning, follow=args.follow, as_json=args.json,
+             summary=args.summary, limit=args.limit)
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import time
@@ -18,7 +19,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from scheduler.advantages import has_signal
+from prl.formulas import bernoulli_variance, has_signal
 from scheduler.archive import groups_from_table, read_archive
 from schemas import RolloutGroup, TrainBatch
 
@@ -44,12 +45,7 @@ def difficulty(problem_id: str) -> str:
 # -- report ----------------------------------------------------------------------------------
 def report(uri: str, out_dir: str) -> dict:
     """PNGs under ``out_dir`` and a per-version table (returned and printed by the CLI)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from prl.plots import priority_histogram, save_png
+    from prl import plots
 
     table = read_archive(uri)
     groups = [g for g in groups_from_table(table) if g.rollouts]
@@ -57,58 +53,46 @@ def report(uri: str, out_dir: str) -> dict:
     by_version: dict[int, list[RolloutGroup]] = defaultdict(list)
     for g in groups:
         by_version[g.policy_version].append(g)
-    rows = []
-    for v in sorted(by_version):
-        gs = by_version[v]
-        rewards = [r for g in gs for r in g.rewards]
-        rows.append({"policy_version": v, "groups": len(gs), "rollouts": len(rewards),
-                     "mean_reward": float(np.mean(rewards)), "solved_share": float(np.mean([r > 0 for r in rewards])),
-                     "signal_share": float(np.mean([has_signal(g.rewards) for g in gs]))})
-
+    rows = [version_row(v, by_version[v]) for v in sorted(by_version)]
     out = out_dir.rstrip("/")
-    versions = [r["policy_version"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(versions, [r["mean_reward"] for r in rows], "k-o", ms=3, label="mean reward")
-    ax.plot(versions, [r["signal_share"] for r in rows], "--", label="groups with signal")
-    ax.set_xlabel("policy version")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend()
-    ax.set_title("reward by policy version")
-    save_png(fig, f"{out}/reward_by_version.png", 110)
+    plots.by_version(rows, f"{out}/reward_by_version.png")
+    plots.success_trajectories(success_by_difficulty(by_version), f"{out}/success_trajectories.png")
+    plots.age_histogram(ages, f"{out}/age_histogram.png")
+    rates = final_success_rates(groups)
+    plots.priority_histogram(bernoulli_variance(rates), rates, f"{out}/priority_histogram.png", "archive: final success rates")
+    return {"versions": rows, "groups": len(groups), "problems": len(rates),
+            "age_mean": float(ages.mean()) if len(ages) else 0.0, "age_max": int(ages.max()) if len(ages) else 0,
+            "pngs": [f"{out}/{n}.png" for n in ("reward_by_version", "success_trajectories", "age_histogram", "priority_histogram")]}
 
-    # Success-rate trajectory of each difficulty: solved share per version.
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for d in sorted({difficulty(g.problem_id) for g in groups}):
+
+def version_row(version: int, groups: list[RolloutGroup]) -> dict:
+    rewards = [r for g in groups for r in g.rewards]
+    return {"policy_version": version, "groups": len(groups), "rollouts": len(rewards),
+            "mean_reward": float(np.mean(rewards)), "solved_share": float(np.mean([r > 0 for r in rewards])),
+            "signal_share": float(np.mean([has_signal(g.rewards) for g in groups]))}
+
+
+def success_by_difficulty(by_version: dict[int, list[RolloutGroup]]) -> dict[str, tuple[list[int], list[float]]]:
+    """Per difficulty: (policy versions, share of that version's rollouts that solved)."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for d in sorted({difficulty(g.problem_id) for gs in by_version.values() for g in gs}):
         xs, ys = [], []
         for v in sorted(by_version):
             rs = [r > 0 for g in by_version[v] if difficulty(g.problem_id) == d for r in g.rewards]
             if rs:
                 xs.append(v)
                 ys.append(float(np.mean(rs)))
-        ax.plot(xs, ys, "-o", ms=2, label=d)
-    ax.set_xlabel("policy version")
-    ax.set_ylabel("success rate")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=8)
-    ax.set_title("success-rate trajectories by difficulty")
-    save_png(fig, f"{out}/success_trajectories.png", 110)
+        out[d] = (xs, ys)
+    return out
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.hist(ages, bins=np.arange(ages.min(), ages.max() + 2) - 0.5 if len(ages) else 1, color="tab:blue")
-    ax.set_xlabel("age at acceptance (learner version - policy version)")
-    ax.set_ylabel("groups")
-    ax.set_title("rollout age")
-    save_png(fig, f"{out}/age_histogram.png", 110)
 
+def final_success_rates(groups: list[RolloutGroup]) -> np.ndarray:
+    """Each archived problem's share of solved rollouts over all its groups."""
     solved, attempts = Counter(), Counter()
     for g in groups:
         solved[g.problem_id] += sum(r > 0 for r in g.rewards)
         attempts[g.problem_id] += len(g.rewards)
-    rates = np.asarray([solved[p] / attempts[p] for p in attempts])
-    priority_histogram(rates * (1 - rates), rates, f"{out}/priority_histogram.png", "archive: final success rates")
-    return {"versions": rows, "groups": len(groups), "problems": len(attempts),
-            "age_mean": float(ages.mean()) if len(ages) else 0.0, "age_max": int(ages.max()) if len(ages) else 0,
-            "pngs": [f"{out}/{n}.png" for n in ("reward_by_version", "success_trajectories", "age_histogram", "priority_histogram")]}
+    return np.asarray([solved[p] / attempts[p] for p in attempts])
 
 
 def format_report(rep: dict) -> str:
@@ -127,65 +111,50 @@ def whatif(uri: str, out_dir: str | None, strategies=STRATEGIES, rounds: int | N
     """Each strategy chooses problems from the archived ones; the outcome of a choice is the
     problem's next archived group (cycling). Counts what each chose and what it spent on
     zero-signal groups."""
-    from schemas.config import SchedulerConfig
-
     groups = load_groups(uri)
     outcomes: dict[str, list[list[float]]] = defaultdict(list)
     for g in groups:
         outcomes[g.problem_id].append(g.rewards)
-    problems = sorted(outcomes)
-    index_of_group = {d: i for i, d in enumerate(sorted({difficulty(p) for p in problems}))}
     rounds = rounds or max(1, math.ceil(len(groups) / per_round))
     results = {}
-    from scheduler.samplers import make_sampler
-
     for strategy in strategies:
-        sampler = make_sampler(SchedulerConfig(strategy=strategy), [index_of_group[difficulty(p)] for p in problems], seed)
-        cursor = Counter()
-        chosen: Counter = Counter()
-        spent = zero_signal = trained_rollouts = 0
         with _progress(rounds * per_round, f"whatif {strategy}", progress) as bar:
-            for version in range(rounds):
-                sampler.on_version(version)
-                picks = sampler.next(per_round, set())
-                solved, attempts = [], []
-                for i in picks:
-                    p = problems[i]
-                    rewards = outcomes[p][cursor[p] % len(outcomes[p])]
-                    cursor[p] += 1
-                    chosen[p] += 1
-                    spent += len(rewards)
-                    signal = has_signal(rewards)
-                    zero_signal += 0 if signal else len(rewards)
-                    trained_rollouts += len(rewards) if (signal or strategy == "uniform") else 0
-                    solved.append(sum(r > 0 for r in rewards))
-                    attempts.append(len(rewards))
-                if picks:
-                    sampler.observe_many(picks, solved, attempts, version)
-                bar.update(per_round)
-        results[strategy] = {"rollouts_generated": spent, "zero_signal_rollouts": zero_signal,
-                             "zero_signal_share": zero_signal / max(1, spent), "rollouts_trained": trained_rollouts,
-                             "distinct_problems": len(chosen), "top_problems": chosen.most_common(5)}
+            results[strategy] = simulate(strategy, outcomes, rounds, per_round, seed, bar)
     if out_dir:
-        _whatif_png(results, out_dir.rstrip("/") + "/whatif.png")
-    return {"rounds": rounds, "per_round": per_round, "problems": len(problems), "strategies": results}
+        from prl import plots
+
+        plots.zero_signal_bars(results, out_dir.rstrip("/") + "/whatif.png")
+    return {"rounds": rounds, "per_round": per_round, "problems": len(outcomes), "strategies": results}
 
 
-def _whatif_png(results: dict, out_uri: str) -> None:
-    import matplotlib
+def simulate(strategy: str, outcomes: dict[str, list[list[float]]], rounds: int, per_round: int, seed: int, bar) -> dict:
+    """One strategy's choices over the archived outcomes: what it generated, trained, and
+    spent on groups without a signal."""
+    from scheduler.samplers import make_sampler
+    from schemas.config import SchedulerConfig
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from prl.plots import save_png
-
-    names = list(results)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar(names, [results[n]["zero_signal_share"] for n in names], color="tab:red")
-    ax.set_ylabel("generation spent on zero-signal groups")
-    ax.set_ylim(0, 1)
-    ax.set_title("what-if: strategies on the archived outcomes")
-    save_png(fig, out_uri, 110)
+    problems = sorted(outcomes)
+    index_of_group = {d: i for i, d in enumerate(sorted({difficulty(p) for p in problems}))}
+    sampler = make_sampler(SchedulerConfig(strategy=strategy), [index_of_group[difficulty(p)] for p in problems], seed)
+    cursor, chosen = Counter(), Counter()
+    spent = zero_signal = trained = 0
+    for version in range(rounds):
+        sampler.on_version(version)
+        picks = sampler.next(per_round, set())
+        outcome = []
+        for p in (problems[i] for i in picks):
+            rewards = outcomes[p][cursor[p] % len(outcomes[p])]
+            cursor[p] += 1
+            chosen[p] += 1
+            spent += len(rewards)
+            zero_signal += 0 if has_signal(rewards) else len(rewards)
+            trained += len(rewards) if (has_signal(rewards) or strategy == "uniform") else 0
+            outcome.append((sum(r > 0 for r in rewards), len(rewards)))
+        if picks:
+            sampler.observe_many(picks, *zip(*outcome), version)
+        bar.update(per_round)
+    return {"rollouts_generated": spent, "zero_signal_rollouts": zero_signal, "zero_signal_share": zero_signal / max(1, spent),
+            "rollouts_trained": trained, "distinct_problems": len(chosen), "top_problems": chosen.most_common(5)}
 
 
 def format_whatif(res: dict) -> str:
@@ -261,3 +230,32 @@ def train(cfg, uri: str, progress: bool = True) -> dict:
                 bar.refresh()
         learner.close()
     return {"batches": len(batches), "steps": learner.version, "checkpoint": learner.checkpoint_uri}
+
+
+def command(args, cfg) -> int:
+    """`prl replay report|whatif|publish|train` on an archive (default <run_dir>/archive)."""
+    from scheduler.archive import root as archive_root
+
+    uri = args.archive or archive_root(cfg.run.run_dir)
+    progress = not args.no_progress
+    if args.action in ("report", "whatif"):
+        out = args.out or cfg.run.run_dir.rstrip("/") + "/replay"
+        if args.action == "report":
+            result = report(uri, out)
+            print(format_report(result))
+        else:
+            result = whatif(uri, out, seed=cfg.run.seed, progress=progress)
+            print(format_whatif(result))
+            print(f"\nwrote {out}/whatif.png")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        return 0
+    if args.action == "publish":
+        from prl.transport import make_transport
+
+        n = publish(cfg, make_transport(cfg.transport), uri, args.rate, progress)
+        print(f"published {n} batches to {cfg.run.name}.batches")
+        return 0
+    print(json.dumps(train(cfg, uri, progress), indent=2))
+    return 0

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from producers.rewards import RewardRunner, load_reward, math_verify
+from prl.rewards import RewardRunner, load_reward, math_verify
 
 
 def test_math_verify_boxed_and_final_answer():

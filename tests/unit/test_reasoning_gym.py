@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym not installed: pip install -e '.[real]'")
 
-from producers.rewards import final_answers, reasoning_gym  # noqa: E402
+from prl.rewards import final_answers, reasoning_gym  # noqa: E402
 from prl.tasks.datasets import load_problems  # noqa: E402
 from prl.tasks.reasoning_gym import DataError, make_rows, unordered_key, write_dataset  # noqa: E402
 

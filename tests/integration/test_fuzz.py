@@ -20,7 +20,7 @@ from schemas import (DeadLetter, DecodeError, Dispatch, PolicyVersion, Rollout, 
 from schemas.config import load_config
 from schemas.records import encode_table, to_table
 from schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS
-from tests.support.servers import wait_until
+from prl.servers import wait_until
 
 pytestmark = pytest.mark.slow
 PER_TOPIC = int(os.environ.get("PRL_FUZZ_PER_TOPIC", 10_000))
@@ -114,13 +114,7 @@ def transport_cfg(request, tmp_path):
 def test_fuzzed_topics_are_dead_lettered_and_training_goes_on(transport_cfg):
     cfg, transport, injector = transport_cfg
     transport.ensure_topics(cfg.run.name)
-    rng = random.Random(0)
-    pub = injector.publisher()
-    injected = {kind: malformed(kind, rng) for kind in EXPECTED}
-    for kind, messages in injected.items():  # all there before any service starts: offsets 0..N-1 of one partition
-        for m in messages:
-            pub.publish(topic_name(cfg.run.name, kind), m, key=b"fuzz")
-    pub.flush()
+    injected = inject(cfg, injector)
     services = [Scheduler(cfg, transport), Producer(cfg, transport), Learner(cfg, transport)]
     stop = threading.Event()
     threads = [threading.Thread(target=svc.run, args=(stop,), daemon=True) for svc in services]
@@ -143,7 +137,23 @@ def test_fuzzed_topics_are_dead_lettered_and_training_goes_on(transport_cfg):
             t.join(30)
         reader.close()
     assert services[2].version == 3 and not any(t.is_alive() for t in threads)
+    assert_each_dead_lettered_once_with_its_bytes(dead, injected)
 
+
+def inject(cfg, injector) -> dict[str, list[bytes]]:
+    """Malformed messages on every consumed topic, all there before any service starts
+    (offsets 0..N-1 of one partition); returns them by topic kind."""
+    rng = random.Random(0)
+    pub = injector.publisher()
+    injected = {kind: malformed(kind, rng) for kind in EXPECTED}
+    for kind, messages in injected.items():
+        for m in messages:
+            pub.publish(topic_name(cfg.run.name, kind), m, key=b"fuzz")
+    pub.flush()
+    return injected
+
+
+def assert_each_dead_lettered_once_with_its_bytes(dead: list, injected: dict) -> None:
     by_consumer = Counter((d.source_topic.rsplit(".", 1)[1], d.service) for d in dead)
     assert by_consumer == {(PROBLEMS, "producer"): PER_TOPIC, (ROLLOUTS, "scheduler"): PER_TOPIC,
                            (BATCHES, "learner"): PER_TOPIC, (POLICY, "scheduler"): PER_TOPIC,

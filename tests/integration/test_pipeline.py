@@ -5,12 +5,13 @@ import threading
 
 import pytest
 
+from prl.formulas import rollout_age
 from prl.metrics import MetricsSink
 from prl.transport.memory import MemoryBroker, MemoryTransport
 from schemas import DeadLetter, RolloutGroup, decode, encode, headers, topic_name
 from schemas.config import load_config
 from schemas.topics import DEADLETTER, PROBLEMS, ROLLOUTS
-from tests.support.servers import wait_until
+from prl.servers import wait_until
 
 
 def small_config(tmp_path, **extra):
@@ -205,7 +206,8 @@ def test_batches_are_composed_for_the_version_that_will_train_them(tmp_path):
     wait_until(lambda: run.step() >= 40, 30, "40 groups answered (the scheduler stalls if it keeps stale groups)")
     run.settle()
     assert [b.seq for b in run.trained] == [0, 1, 2]  # trained at versions 0, 1, 2: version-0 rollouts are age <= 2
-    assert all(b.learner_version == b.seq and max(b.ages(b.learner_version)) <= 2 for b in run.trained)
+    assert all(b.learner_version == b.seq and max(rollout_age(b.learner_version, r.policy_version) for r in b.rollouts) <= 2
+               for b in run.trained)
     stale = sum(v for k, v in run.scheduler.counters.items() if k.startswith("stale_groups_dropped/"))
     assert stale == run.answered - 3 * 4 - len(run.scheduler.fresh)
 

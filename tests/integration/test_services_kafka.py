@@ -13,39 +13,15 @@ from prl.transport.kafka import KafkaTransport
 from schemas import RolloutGroup, decode
 from schemas.config import KafkaConfig
 from schemas.topics import ROLLOUTS, topic_name
-from tests.support.servers import Process, wait_until
+from prl.servers import Process, wait_until
+from tests.support.configs import write_kafka_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def write_config(path, broker, run_name, run_dir, max_steps):
-    path.write_text(f"""
-[run]
-name = "{run_name}"
-run_dir = "{run_dir}"
-log_format = "json"
-
-[transport]
-type = "kafka"
-[transport.kafka]
-bootstrap_servers = "{broker.bootstrap}"
-session_timeout_ms = 3000
-
-[scheduler]
-groups_per_batch = 4
-max_in_flight = 8
-filter_zero_variance = false
-
-[producer]
-max_dispatches_per_call = 4
-threads = 1
-
-[learner]
-max_steps = {max_steps}
-eval_every = 0
-checkpoint_every = 1
-threads = 1
-""")
+    return write_kafka_config(path, broker.bootstrap, run_name, run_dir, scheduler={"filter_zero_variance": False},
+                              learner={"max_steps": max_steps})
 
 
 def start(service, config, log_dir):
@@ -66,16 +42,23 @@ def test_services_over_kafka(kafka_broker, run_name, tmp_path):
             p.stop()
     for name, p in procs.items():
         assert p.proc.returncode == 0, f"{name} exited {p.proc.returncode}"
+    assert_checkpoints(run_dir, last_step=4)
+    assert_rollouts_carry_policy_versions(kafka_broker, run_name)
+    assert_no_error_logged(procs)
 
-    # At least two checkpoints, readable through fsspec, and a latest pointer at the last.
+
+def assert_checkpoints(run_dir, last_step: int) -> None:
+    """At least two checkpoints, readable through fsspec, and a latest pointer at the last."""
     names = checkpoint.list_checkpoints(f"file://{run_dir}")
     assert len(names) >= 2
     for name in names:
         with fsspec.open(f"file://{run_dir}/checkpoints/{name}/model.safetensors", "rb") as f:
             assert len(f.read()) > 1000
-    assert checkpoint.read_latest(f"file://{run_dir}")["step"] == 4
+    assert checkpoint.read_latest(f"file://{run_dir}")["step"] == last_step
 
-    # Every rollout on the topic carries the policy version (field and header), some > 0.
+
+def assert_rollouts_carry_policy_versions(kafka_broker, run_name) -> None:
+    """Every rollout on the topic carries the policy version (field and header), some > 0."""
     transport = KafkaTransport(KafkaConfig(bootstrap_servers=kafka_broker.bootstrap))
     sub = transport.subscriber([topic_name(run_name, ROLLOUTS)], group=None)
     msgs, deadline = [], time.monotonic() + 20
@@ -92,7 +75,8 @@ def test_services_over_kafka(kafka_broker, run_name, tmp_path):
         assert all(len(r.logprobs) == len(r.completion_ids) > 0 for r in g.rollouts)
     assert max(g.policy_version for g in groups) > 0
 
-    # No error was logged by any service.
+
+def assert_no_error_logged(procs) -> None:
     for name, p in procs.items():
         text = p.log_path.read_text()
         assert "Traceback" not in text, f"{name}:\n{text[-3000:]}"

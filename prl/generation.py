@@ -141,7 +141,7 @@ class VLLMBackend(Backend):
     """One vLLM engine per producer. Prompts of many dispatches go into one ``generate``
     call (n = group size each). Log-probs are vLLM's ``processed_logprobs`` (after
     temperature), the same quantity the transformers backend and the learner use. Weights
-    reload in place through a worker extension (producers/vllm_worker.py)."""
+    reload in place through a worker extension (prl/vllm_worker.py)."""
 
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
                  gpu_memory_utilization: float = 0.85):
@@ -162,7 +162,7 @@ class VLLMBackend(Backend):
             max_model_len=max_model_len,
             enforce_eager=True,
             logprobs_mode="processed_logprobs",
-            worker_extension_cls="producers.vllm_worker.WeightReload",
+            worker_extension_cls="prl.vllm_worker.WeightReload",
             gpu_memory_utilization=gpu_memory_utilization,
         )
         self.tokenizer = self.llm.get_tokenizer()

@@ -58,10 +58,10 @@ def test_cli_reports_bad_config_before_importing_torch():
 
 
 def test_readme_config_reference_is_current():
-    """README's configuration table is generated from the model (python -m prl.docs)."""
+    """README's configuration table is generated from the model (python -m prl.cli.docs)."""
     from pathlib import Path
 
-    from prl.docs import reference
+    from prl.cli.docs import reference
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert reference() in readme, "README config reference is stale: run python -m prl.docs"
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert reference() in readme, "README config reference is stale: run python -m prl.cli.docs"

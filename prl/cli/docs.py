@@ -1,5 +1,5 @@
 """The configuration reference (Markdown) from the config model's field docs:
-``python -m prl.docs`` rewrites the table in README.md in place."""
+``python -m prl.cli.docs`` rewrites the table in README.md in place."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def reference() -> str:
     return "\n".join(["| key | default | meaning |", "|---|---|---|", *rows(Config)])
 
 
-def update_readme(path: Path = Path(__file__).resolve().parents[1] / "README.md") -> None:
+def update_readme(path: Path = Path(__file__).resolve().parents[2] / "README.md") -> None:
     lines = path.read_text().splitlines()
     start = lines.index("| key | default | meaning |")
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))

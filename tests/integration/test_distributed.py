@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from learner.sources import write_batches
 from schemas import TrainBatch
-from tests.test_grpo import random_rollouts
+from tests.unit.test_grpo import random_rollouts
 
 pytestmark = pytest.mark.slow
 TOL = 2e-5  # float32, different reduction order across ranks

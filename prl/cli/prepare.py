@@ -1,0 +1,48 @@
+"""`prl model import` and `prl data reasoning-gym`: a model and data to train on."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def command(args) -> int:
+    return import_model(args) if args.command == "model" else make_data(args)
+
+
+def import_model(args) -> int:
+    from prl.model_import import ImportFailed, import_gguf
+
+    try:
+        s = import_gguf(args.source, args.out_dir)
+    except ImportFailed as exc:
+        print(f"prl model import: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {s.out_dir}: {s.parameters / 1e6:.1f}M parameters, {s.layers} layers, vocabulary {s.vocab_size:,}, "
+          f"chat template {'yes' if s.chat_template else 'no'} ({s.seconds:.0f} s)")
+    print(f"note: the {s.quantization} weights were dequantized to float32; the model is as good as the quantized "
+          f"file, not the original release")
+    print(f"use it with: --set model.path={json.dumps(s.out_dir)}")
+    return 0
+
+
+def make_data(args) -> int:
+    from prl.tasks.reasoning_gym import SYSTEM_PROMPT, DataError, write_dataset
+    from schemas.config import ConfigError, parse_override
+
+    try:
+        settings = {}
+        for item in args.settings:
+            keys, value = parse_override(item)
+            settings[".".join(keys)] = value
+        s = write_dataset(args.task, args.train, args.test, args.seed, args.out, settings,
+                          SYSTEM_PROMPT if args.system is None else args.system)
+    except (DataError, ConfigError) as exc:
+        print(f"prl data reasoning-gym: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {s.out_dir}/train.parquet ({s.train} problems) and test.parquet ({s.test}), no problem in both "
+          f"(drew {s.drawn}, {s.duplicates} repeats skipped)")
+    print("groups (difficulty): " + ", ".join(f"{g} x{n}" for g, n in sorted(s.groups.items())))
+    print(f"train on it with: --set task.name='dataset' --set task.train_path='{s.out_dir}/train.parquet' "
+          f"--set task.heldout_path='{s.out_dir}/test.parquet' --set producer.reward='producers.rewards:reasoning_gym'")
+    return 0

@@ -1,0 +1,68 @@
+"""The papers' formulas, each defined once, as short pure functions named after their terms.
+
+Problem priority (seed A, arXiv 2601.02648) and rollout replay (seed B, arXiv 2606.04560);
+the GRPO objective, which needs torch, is in learner/grpo.py. Every service, command and
+benchmark imports these; none restates them. Arguments may be numbers or numpy arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def success_estimate(successes, attempts, prior_successes, prior_failures):
+    """p = (s + a) / (n + a + b): a problem's success rate with a Beta(a, b) prior, from
+    s successes in n attempts (both possibly decayed)."""
+    return (successes + prior_successes) / (attempts + prior_successes + prior_failures)
+
+
+def bernoulli_variance(p):
+    """p (1 - p): the variance of a {0, 1} reward with success rate p, which is also the
+    mean squared group advantage E[(r - p)^2]; zero for always- and never-solved problems,
+    largest at p = 1/2. Seed A's problem priority."""
+    return p * (1 - p)
+
+
+def decay_factor(elapsed_versions, half_life_versions: float):
+    """0.5 ^ (elapsed / half_life): the weight left on an outcome ``elapsed`` versions old."""
+    return 0.5 ** (np.asarray(elapsed_versions) / half_life_versions)
+
+
+def gumbel_keys(log_weights, rng: np.random.Generator):
+    """k_i = log w_i + G_i, G_i ~ Gumbel(0, 1). Taking the k largest keys samples k items
+    without replacement with probability proportional to w (the Gumbel-top-k trick)."""
+    log_weights = np.asarray(log_weights, dtype=np.float64)
+    return log_weights + rng.gumbel(size=log_weights.shape)
+
+
+def top_gumbel_keys_of_equals(log_weight: float, m: int, r: int, rng: np.random.Generator) -> np.ndarray:
+    """The r largest of m Gumbel keys that share one weight, without drawing all m: by
+    Renyi's representation of exponential order statistics the j-th largest is
+    log w - log(sum_{s<=j} E_s / (m - s + 1)), E_s ~ Exp(1)."""
+    spacing = rng.exponential(size=r) / (m - np.arange(r))
+    return log_weight - np.log(np.cumsum(spacing))
+
+
+def rollout_age(learner_version, rollout_version):
+    """age = learner version - the policy version that generated the rollout; a rollout
+    with age > tau_max is never trained on."""
+    return learner_version - rollout_version
+
+
+def group_advantages(rewards, eps: float = 1e-6) -> list[float]:
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within one group (population std), frozen
+    when the group is accepted and never recomputed for replay."""
+    r = np.asarray(rewards, dtype=np.float64)
+    return ((r - r.mean()) / (r.std() + eps)).tolist()
+
+
+def has_signal(rewards) -> bool:
+    """Whether a group's rewards differ: a group whose rewards are all equal has zero
+    advantage everywhere and no gradient (DAPO's zero-variance filter drops it)."""
+    return max(rewards) != min(rewards)
+
+
+def replay_log_priority(advantages, alpha: float, eps: float):
+    """log p_i^alpha = alpha log(|A_i| + eps): seed B's replay draw probability is
+    proportional to (|A_i| + eps)^alpha."""
+    return alpha * np.log(np.abs(np.asarray(advantages, dtype=np.float64)) + eps)

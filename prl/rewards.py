@@ -1,0 +1,107 @@
+"""Reward functions, chosen by config as ``module:function(completion, answer) -> float``.
+
+Built in: ``prl.tasks.addition:exact_match`` (the built-in task),
+``producers.rewards:math_verify`` (free-form math answers, boxed or final-answer, checked for
+equivalence with math-verify) and ``producers.rewards:reasoning_gym`` (problems made by
+``prl data reasoning-gym``, scored by the generator's own checker). A reward that raises, returns a non-number or runs past
+``producer.reward_timeout_s`` counts as 0.0 and is counted; the producer goes on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import importlib
+import json
+import math
+import re
+from typing import Callable
+
+RewardFn = Callable[[str, str], float]
+
+
+def load_reward(spec: str) -> RewardFn:
+    module, _, name = spec.partition(":")
+    if not name:
+        raise ValueError(f"reward {spec!r}: expected module:function")
+    fn = getattr(importlib.import_module(module), name, None)
+    if not callable(fn):
+        raise ValueError(f"reward {spec!r}: {name} is not a function of {module}")
+    return fn
+
+
+def math_verify(completion: str, answer: str) -> float:
+    """1.0 when the completion's final answer (a \\boxed{} or the last expression) equals
+    ``answer`` mathematically (1/2 == 0.5 == \\frac{1}{2}), else 0.0."""
+    from math_verify import parse, verify
+
+    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$")
+    return 1.0 if verify(gold, parse(completion)) else 0.0
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def final_answers(completion: str) -> list[str]:
+    """What a completion may mean as its final answer, tried in order: the last
+    ``<answer>...</answer>`` if there is one, else the whole text (stripped); then the last
+    number in it (GSM8K-style, for models that explain before answering)."""
+    tagged = _ANSWER_TAG.findall(completion)
+    out = [tagged[-1].strip() if tagged else completion.strip()]
+    numbers = _NUMBER.findall(completion)
+    if numbers and numbers[-1] not in out:
+        out.append(numbers[-1])
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _reasoning_gym_checker(task: str, settings: str):
+    """The generator, made with the settings the problem was made with (some checkers
+    depend on them), as its own checker."""
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(task, size=1, seed=0, **json.loads(settings))
+
+
+def reasoning_gym(completion: str, answer: str) -> float:
+    """1.0 when the generator's own checker (``score_answer``) gives full marks to one of
+    the completion's :func:`final_answers`, else 0.0 (partial credit counts as wrong: the
+    scheduler's success rates and p(1-p) are defined on solved / not solved).
+
+    ``answer`` is the row's ground truth as ``prl data reasoning-gym`` writes it, a JSON
+    object with what the checker needs: ``{"answer", "task", "settings", "entry"}``."""
+    spec = json.loads(answer)
+    check = _reasoning_gym_checker(spec["task"], json.dumps(spec.get("settings", {}), sort_keys=True)).score_answer
+    entry = spec["entry"]
+    return 1.0 if any(check(a, entry) >= 1.0 for a in final_answers(completion)) else 0.0
+
+
+class RewardRunner:
+    """Scores completions with a time limit per call, on one worker thread."""
+
+    def __init__(self, fn: RewardFn, timeout_s: float):
+        self.fn, self.timeout_s = fn, timeout_s
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+        self.errors = self.timeouts = 0
+
+    def __call__(self, completion: str, answer: str) -> float:
+        future = self.pool.submit(self.fn, completion, answer)
+        try:
+            value = float(future.result(timeout=self.timeout_s))
+        except concurrent.futures.TimeoutError:
+            # The stuck call keeps its thread; later calls get a fresh one.
+            self.timeouts += 1
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+            return 0.0
+        except Exception:
+            self.errors += 1
+            return 0.0
+        if not math.isfinite(value):
+            self.errors += 1
+            return 0.0
+        return value
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,48 @@
+"""The papers' formulas (prl/formulas.py) against obvious references."""
+
+import math
+
+import numpy as np
+import pytest
+
+from prl import formulas as f
+
+
+def test_success_estimate_and_bernoulli_variance():
+    assert f.success_estimate(0, 0, 1, 1) == 0.5  # unseen: the prior mean
+    assert f.success_estimate(3, 4, 1, 1) == pytest.approx(4 / 6)
+    assert f.bernoulli_variance(0.5) == 0.25 and f.bernoulli_variance(0.0) == 0.0 == f.bernoulli_variance(1.0)
+    rewards = np.array([1, 0, 0, 1, 1, 0, 0, 0], dtype=float)
+    p = rewards.mean()
+    assert f.bernoulli_variance(p) == pytest.approx(((rewards - p) ** 2).mean())  # the mean squared advantage
+
+
+def test_group_advantages_and_signal():
+    assert f.group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1, -1, -1, 1], abs=1e-5)
+    assert f.group_advantages([1.0, 1.0]) == [0.0, 0.0]
+    assert not f.has_signal([0.0, 0.0]) and f.has_signal([0.0, 1.0])
+
+
+def test_rollout_age_decay_and_replay_priority():
+    assert f.rollout_age(12, 9) == 3
+    assert f.decay_factor(10, 10) == pytest.approx(0.5)
+    assert f.replay_log_priority([2.0], 0.5, 0.0)[0] == pytest.approx(0.5 * math.log(2.0))
+
+
+def test_gumbel_top_k_samples_in_proportion_to_weight():
+    rng = np.random.default_rng(0)
+    weights = np.array([1.0, 2.0, 7.0])
+    firsts = np.bincount([np.argmax(f.gumbel_keys(np.log(weights), rng)) for _ in range(20_000)], minlength=3)
+    assert firsts / firsts.sum() == pytest.approx(weights / weights.sum(), abs=0.015)
+
+
+def test_top_keys_of_equal_weights_match_sorting_all_of_them():
+    """The r largest of m equal-weight Gumbel keys, drawn directly, have the distribution of
+    sorting m draws (compared by mean and spread of the largest and the third largest)."""
+    rng = np.random.default_rng(1)
+    direct = np.array([f.top_gumbel_keys_of_equals(0.0, 50, 3, rng) for _ in range(5000)])
+    sorted_all = np.array([np.sort(rng.gumbel(size=50))[::-1][:3] for _ in range(5000)])
+    assert np.all(np.diff(direct, axis=1) <= 0)
+    for j in (0, 2):
+        assert direct[:, j].mean() == pytest.approx(sorted_all[:, j].mean(), abs=0.05)
+        assert direct[:, j].std() == pytest.approx(sorted_all[:, j].std(), abs=0.05)
