@@ -20,6 +20,7 @@ Nothing is pickled.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -122,24 +123,37 @@ def latest_uri(run_dir: str) -> str | None:
     return storage.latest_uri(root(run_dir))
 
 
+@dataclass
+class Checkpoint:
+    uri: str
+    state: dict  # state.json: step, last batch seq, counters, param groups, world size
+    weights: dict  # name -> tensor, Hugging Face layout
+    optimizer_shards: list[dict]  # one per rank that wrote it
+
+
 def read_state(uri: str) -> dict:
     return json.loads(storage.read_verified(uri, "state.json"))
 
 
-def load_weights(uri: str, model) -> None:
-    """The checkpoint's full weights into a (not yet sharded) model."""
+def read_checkpoint(uri: str) -> Checkpoint:
+    """Every file of a checkpoint, each verified against the manifest, before anything is
+    applied: a checkpoint either loads whole or raises."""
     from safetensors.torch import load
 
-    from prl.models import load_state
-
-    load_state(model, load(storage.read_verified(uri, "model.safetensors")))
-
-
-def load_optimizer(uri: str, optimizer, state: dict, d=None) -> None:
-    """The optimizer state, from however many ranks wrote it, onto this run's ranks."""
-    from safetensors.torch import load
-
+    state = read_state(uri)
     world = state.get("world_size", 1)
-    shards = [load(storage.read_verified(uri, optimizer_shard_name(r, world))) for r in range(world)]
-    if state.get("param_groups") and shards[0]:
-        restore_optimizer(optimizer, shards, state["param_groups"], d)
+    return Checkpoint(uri, state, load(storage.read_verified(uri, "model.safetensors")),
+                      [load(storage.read_verified(uri, optimizer_shard_name(r, world))) for r in range(world)])
+
+
+def newest_checkpoint(run_dir: str) -> Checkpoint | None:
+    """The newest checkpoint that reads whole (a torn or tampered one, or a garbage
+    ``latest``, is logged in one line and passed over for the one before)."""
+    found = storage.first_readable(storage.candidates(root(run_dir), "step-"), read_checkpoint, "checkpoint")
+    return None if found is None else found[1]
+
+
+def load_optimizer(ckpt: Checkpoint, optimizer, d=None) -> None:
+    """The optimizer state, from however many ranks wrote it, onto this run's ranks."""
+    if ckpt.state.get("param_groups") and ckpt.optimizer_shards[0]:
+        restore_optimizer(optimizer, ckpt.optimizer_shards, ckpt.state["param_groups"], d)

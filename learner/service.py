@@ -25,11 +25,11 @@ from learner.train import make_optimizer, train_step
 from prl import storage
 from prl.formulas import rollout_age
 from prl.generation import TransformersBackend
-from prl.models import export_state, load_model, load_tokenizer, resolve_model_dir
+from prl.models import export_state, load_model, load_state, load_tokenizer, resolve_model_dir
 from prl.rewards import load_reward
 from prl.service import Service, ServiceStopped
 from prl.tasks import heldout_problems
-from schemas import DecodeError, PolicyVersion, TrainBatch, decode, encode, headers
+from schemas import PolicyVersion, TrainBatch, decode, encode
 from schemas.topics import BATCHES, POLICY
 
 
@@ -38,6 +38,7 @@ TRAINED_MEMORY = 20_000  # fresh rollout ids remembered (and checkpointed) to re
 
 class Learner(Service):
     name = "learner"
+    reads, writes = (BATCHES,), (POLICY,)
 
     def __init__(self, cfg, transport, metrics=None):
         self.dist = distributed.setup()
@@ -52,6 +53,7 @@ class Learner(Service):
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.version, self.last_seq, self.rollouts_generated, self.checkpoint_uri = 0, -1, 0, ""
+        self.saved_version = 0  # the version of the last checkpoint (0: the base model)
         self.trained: OrderedDict[str, None] = OrderedDict()  # fresh rollout ids, newest last
         self.resume_and_shard()
         self.log.info("memory", **distributed.memory_report(self.model, self.dist))
@@ -67,22 +69,23 @@ class Learner(Service):
     def resume_and_shard(self) -> None:
         """Weights from the latest checkpoint (into the whole model), then FSDP sharding, then
         the optimizer and its state (re-sharded for this run's ranks)."""
-        latest = checkpoint.latest_uri(self.cfg.run.run_dir)
-        state = checkpoint.read_state(latest) if latest else None
-        if latest:
-            checkpoint.load_weights(latest, self.model)
+        ckpt = checkpoint.newest_checkpoint(self.cfg.run.run_dir)
+        if ckpt is not None:
+            load_state(self.model, ckpt.weights)
         if self.dist is not None:
             distributed.shard(self.model, self.dist, self.cfg.learner.activation_checkpointing)
         elif self.cfg.learner.activation_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.optimizer = make_optimizer(self.model, self.cfg.learner)
-        if latest:
-            checkpoint.load_optimizer(latest, self.optimizer, state, self.dist)
+        if ckpt is not None:
+            checkpoint.load_optimizer(ckpt, self.optimizer, self.dist)
+            state = ckpt.state
             self.version, self.last_seq = state["step"], state["last_batch_seq"]
             self.rollouts_generated = state.get("rollouts_generated", 0)
             self.trained = OrderedDict.fromkeys(state.get("trained_rollouts", []))
-            self.checkpoint_uri = latest
-            self.log.info("resumed", version=self.version, last_batch_seq=self.last_seq, from_world=state.get("world_size", 1))
+            self.checkpoint_uri, self.saved_version = ckpt.uri, self.version
+            self.log.info("resumed", version=self.version, last_batch_seq=self.last_seq, uri=ckpt.uri,
+                          from_world=state.get("world_size", 1))
 
     def prepare_evaluation(self) -> None:
         """The held-out problems (single process only) and their prompts, checked once: a
@@ -99,7 +102,7 @@ class Learner(Service):
         if not self.is_main:
             return
         record = PolicyVersion(self.version, self.checkpoint_uri, self.last_seq, time.time())
-        self.publisher.publish(self.topic(POLICY), encode(record), key=self.cfg.run.name.encode(), headers=headers(record))
+        self.send(POLICY, record, key=self.cfg.run.name.encode())
         self.publisher.flush()
 
     def step(self) -> bool:
@@ -109,8 +112,9 @@ class Learner(Service):
         if self.is_main:
             msg, self.exhausted = self.source.next(self.poll_s)
             batch = self.decode_or_dead_letter(msg, TrainBatch) if msg is not None else None
-            if batch is not None and (problem := self.out_of_vocabulary(batch)):
-                self.dead_letter(msg, DecodeError("invalid_value", problem))
+            if batch is not None and (problem := self.batch_problem(batch)):
+                self.reject(msg, *problem)
+                self.commit_if_checkpointed()  # a restart does not read it again
                 batch = None
             data = encode(batch) if batch is not None else (b"" if self.exhausted else None)
         if self.dist is not None:
@@ -120,6 +124,29 @@ class Learner(Service):
         elif data is not None:
             self.train_on(decode(data, TrainBatch))
         return self.version >= self.cfg.learner.max_steps or self.exhausted
+
+    def batch_problem(self, batch: TrainBatch) -> tuple[str, str] | None:
+        """(reason, detail) if ``batch`` must not be trained: outside the window the
+        scheduler can be ahead, a rollout from a version this learner has not made, every
+        rollout too old, or a token the model has no embedding for. A batch already trained
+        (a redelivery) is not a problem: train_on skips it."""
+        if batch.seq <= self.last_seq:
+            return None
+        window = self.last_seq + self.cfg.scheduler.max_batches_ahead
+        if batch.seq > window:
+            return "outside_window", f"seq {batch.seq}: the scheduler is at most at {window} (last trained {self.last_seq})"
+        if (newest := max(r.policy_version for r in batch.rollouts)) > self.version:
+            return "future_rollout", f"a rollout of policy version {newest}, the learner is at {self.version}"
+        if all(rollout_age(self.version, r.policy_version) > self.cfg.scheduler.tau_max for r in batch.rollouts):
+            return "stale_batch", f"every rollout is older than tau_max at version {self.version}"
+        if problem := self.out_of_vocabulary(batch):
+            return "invalid_value", problem
+        return None
+
+    def commit_if_checkpointed(self) -> None:
+        """Commit the batch offsets now if nothing trained is missing from the last checkpoint."""
+        if self.source is not None and self.saved_version == self.version:
+            self.source.commit()
 
     def out_of_vocabulary(self, batch: TrainBatch) -> str | None:
         """Why this batch cannot go through the model (a token id it has no embedding for)."""
@@ -194,6 +221,7 @@ class Learner(Service):
             self.cfg.run.run_dir, self.version, export_state(self.model, weights) if weights else {},
             self.optimizer, state, resolve_model_dir(self.cfg.model.path), self.cfg.learner.keep_checkpoints, self.dist,
         )
+        self.saved_version = self.version
         if self.is_main:  # offsets move with checkpoints: a restart re-reads what the checkpoint lacks
             self.source.commit()
 

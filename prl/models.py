@@ -54,11 +54,70 @@ def export_state(model, state: dict | None = None) -> dict:
 
 
 def load_state(model, state: dict) -> None:
-    """Load weights saved by :func:`export_state`; anything but a tied head missing is an error."""
+    """Load weights saved by :func:`export_state`; anything but a tied head missing, or a
+    shape that differs, is an error raised before any weight is copied."""
+    own = model.state_dict()
+    wrong = [k for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        raise ValueError(f"weights do not fit the model: shapes differ for {wrong[:5]}")
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+class CheckpointRejected(ValueError):
+    """A checkpoint that must not be loaded; ``reason`` is a short stable code."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason, self.detail = reason, detail
+        super().__init__(f"{reason}: {detail}")
+
+
+def safetensors_shapes(header: dict) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def read_safetensors_header(uri: str) -> dict:
+    """The JSON header of a safetensors file (names, dtypes, shapes), without its data."""
+    import json
+    import struct
+
+    with fsspec.open(uri, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100 << 20:
+            raise CheckpointRejected("not_safetensors", f"{uri}: header of {n} bytes")
+        return json.loads(f.read(n))
+
+
+def base_weight_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in a model directory's safetensors files (what any
+    checkpoint of this model must hold)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        shapes.update(safetensors_shapes(read_safetensors_header(str(path))))
+    return shapes
+
+
+def check_checkpoint(uri: str, version: int, expected: dict[str, tuple[int, ...]]) -> None:
+    """Raise CheckpointRejected unless the checkpoint at ``uri`` says it is ``version``
+    (its state.json, checksum-verified) and its weights have exactly the expected names and
+    shapes (read from the file header: no weight is loaded). Checksums of the weights are
+    verified when they are read (:func:`read_weights`)."""
+    import json
+
+    from prl.storage import StorageError, read_verified
+
+    try:
+        state = json.loads(read_verified(uri.rstrip("/"), "state.json"))
+        shapes = safetensors_shapes(read_safetensors_header(uri.rstrip("/") + "/model.safetensors"))
+    except (StorageError, ValueError, KeyError, OSError) as exc:
+        raise CheckpointRejected("unreadable_checkpoint", f"{uri}: {str(exc)[:200]}") from None
+    if state.get("step") != version:
+        raise CheckpointRejected("version_mismatch", f"{uri} holds step {state.get('step')}, not {version}")
+    if shapes != expected:
+        wrong = sorted(set(shapes.items()) ^ set(expected.items()))[:3]
+        raise CheckpointRejected("weights_do_not_fit", f"{uri}: names or shapes differ from the model's, e.g. {wrong}")
 
 
 def weights_exist(uri: str) -> bool:

@@ -15,7 +15,8 @@ import structlog
 from prl.deadletter import dead_letter
 from prl.metrics import MetricsSink
 from prl.transport import Message, Transport, TransportError
-from schemas import DecodeError, decode, topic_name
+from prl.trust import SIGNATURE_HEADER, KeyMissing, Signer
+from schemas import DecodeError, decode, encode, headers, topic_name
 
 
 class ServiceStopped(RuntimeError):
@@ -26,13 +27,21 @@ class ServiceStopped(RuntimeError):
 class Service:
     name = "service"
     poll_s = 0.5
+    reads: tuple[str, ...] = ()  # topic kinds this service consumes
+    writes: tuple[str, ...] = ()  # topic kinds it publishes (dead letters aside)
 
     def __init__(self, cfg, transport: Transport, metrics: MetricsSink | None = None):
         self.cfg = cfg
         self.transport = transport
         self.metrics = metrics
-        self.publisher = transport.publisher()
         self.log = structlog.get_logger(self.name).bind(service=self.name)
+        self.signer = Signer(cfg.transport.signed_kinds, cfg.transport.key_env_prefix)
+        for kind in set(self.reads + self.writes) & set(cfg.transport.signed_kinds):
+            try:
+                self.signer.require(kind)
+            except KeyMissing as exc:
+                raise ServiceStopped(str(exc)) from None
+        self.publisher = transport.publisher()
         self.counters: dict[str, int] = {}
         self.last_step_at = time.monotonic()
 
@@ -42,16 +51,29 @@ class Service:
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
+    def send(self, kind: str, record, key: bytes | None = None) -> None:
+        """Publish a record to this run's topic of ``kind``, signed when that kind is."""
+        topic, value = self.topic(kind), encode(record)
+        self.publisher.publish(topic, value, key=key, headers=headers(record) + self.signer.headers(kind, topic, value))
+
     def decode_or_dead_letter(self, msg: Message, expected: type):
-        """The record in ``msg``, or None after sending ``msg`` to the dead-letter topic."""
+        """The record in ``msg``, or None after sending ``msg`` to the dead-letter topic: too
+        big, unsigned or badly signed (for a signed kind), or not a valid record of ``expected``."""
         try:
             limit = self.cfg.transport.kafka.max_message_bytes
             if len(msg.value) > limit:
                 raise DecodeError("oversized", f"{len(msg.value)} bytes > {limit}")
+            kind = msg.topic.rsplit(".", 1)[-1]
+            if problem := self.signer.problem(kind, msg.topic, msg.value, msg.header(SIGNATURE_HEADER)):
+                raise DecodeError(problem, f"{kind} messages must carry a valid signature")
             return decode(msg.value, expected)
         except DecodeError as exc:
             self.dead_letter(msg, exc)
             return None
+
+    def reject(self, msg: Message, reason: str, detail: str) -> None:
+        """A message that decodes but must not be acted on: dead-lettered with the reason."""
+        self.dead_letter(msg, DecodeError(reason, detail))
 
     def dead_letter(self, msg: Message, error: DecodeError) -> None:
         self.count(f"dead_lettered/{error.reason}")
@@ -72,12 +94,12 @@ class Service:
     def close(self) -> None:
         self.publisher.close()
 
-    def run(self, stop: threading.Event | None = None, http_port: int = 0) -> None:
-        """Step until finished or ``stop``; serve /health and /metrics on ``http_port`` if set."""
+    def run(self, stop: threading.Event | None = None, http_port: int = 0, http_host: str = "127.0.0.1") -> None:
+        """Step until finished or ``stop``; serve /health and /metrics on ``http_host:http_port`` if a port is set."""
         from prl.status import StatusServer
 
         stop = stop or threading.Event()
-        status = StatusServer(self, http_port) if http_port else None
+        status = StatusServer(self, http_port, host=http_host) if http_port else None
         backoff = 0.5
         try:
             while not stop.is_set():

@@ -25,7 +25,7 @@ def prometheus_text(service: str, values: dict) -> str:
 
 
 class StatusServer:
-    def __init__(self, service, port: int, host: str = "0.0.0.0", stall_s: float = 120.0):
+    def __init__(self, service, port: int, host: str = "127.0.0.1", stall_s: float = 120.0):
         self.service = service
         self.stall_s = stall_s
         handler = self._handler()

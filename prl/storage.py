@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import struct
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,20 @@ log = structlog.get_logger("storage")
 
 class StorageError(RuntimeError):
     pass
+
+
+def check_writable(uri: str, what: str = "run.run_dir") -> None:
+    """Raise StorageError (one line: the path and what to change) unless a file can be
+    written and removed under ``uri``."""
+    try:
+        fs, path = fsspec.core.url_to_fs(uri)
+        fs.makedirs(path, exist_ok=True)
+        probe = f"{path.rstrip('/')}/.prl-write-check-{os.getpid()}"
+        fs.pipe_file(probe, b"ok")
+        fs.rm(probe)
+    except Exception as exc:  # permissions, a missing bucket, bad credentials, a read-only disk...
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0][:200] or type(exc).__name__
+        raise StorageError(f"cannot write to {what} {uri}: {reason}; choose a location you can write") from None
 
 
 def checksum(data: bytes) -> str:
@@ -89,7 +105,7 @@ def write_versioned(root: str, name: str, files: dict[str, Data], keep: int, met
     for fname, data in files.items():
         manifest[fname] = _write(fs, f"{path}/{fname}", data)
     fs.pipe_file(f"{path}/manifest.json", json.dumps(manifest).encode())
-    fs.pipe_file(path.rsplit("/", 1)[0] + "/latest", json.dumps({**(meta or {}), "name": name}).encode())
+    _replace(fs, path.rsplit("/", 1)[0] + "/latest", json.dumps({**(meta or {}), "name": name}).encode())
     if prune_in_background:
         _pruner.submit(_prune_logged, root, keep, name)
     else:
@@ -129,16 +145,68 @@ def wait_for_pruning() -> None:
     _pruner.submit(lambda: None).result()
 
 
+def _replace(fs, path: str, data: bytes) -> None:
+    """Write ``path`` whole or not at all: on a local disk a temporary file renamed over it
+    (a rename is atomic); an object store's PUT is atomic already."""
+    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        fs.pipe_file(path, data)
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+VERSION_NAME = re.compile(r"^[A-Za-z]+-\d+$")  # step-00000012, snap-00000042
+
+
 def read_latest(root: str) -> dict | None:
+    """The ``latest`` pointer, if there is one and it names a version directory of ``root``
+    (a bare ``<prefix>-NNNNNNNN``: no path, nothing outside the root); else None, with one
+    log line naming the file when it exists but is not such a pointer."""
     fs, path = fsspec.core.url_to_fs(root.rstrip("/") + "/latest")
     if not fs.exists(path):
         return None
-    return json.loads(fs.cat_file(path))
+    try:
+        latest = json.loads(fs.cat_file(path))
+        if not (isinstance(latest, dict) and isinstance(latest.get("name"), str) and VERSION_NAME.match(latest["name"])):
+            raise ValueError(f"names no version directory: {str(latest)[:100]}")
+    except ValueError as exc:
+        log.warning("latest_unreadable", file=f"{root.rstrip('/')}/latest", error=str(exc)[:200])
+        return None
+    return latest
 
 
 def latest_uri(root: str) -> str | None:
     latest = read_latest(root)
     return None if latest is None else root.rstrip("/") + "/" + latest["name"]
+
+
+def candidates(root: str, prefix: str) -> list[str]:
+    """Version directories to resume from, best first: the one ``latest`` names, then every
+    other one with a manifest (complete), newest first. A reader tries them in order and
+    takes the first that verifies."""
+    first = latest_uri(root)
+    out = [first] if first else []
+    fs, path = fsspec.core.url_to_fs(root)
+    for name in reversed(list_versions(root, prefix)):
+        uri = root.rstrip("/") + "/" + name
+        if uri != first and fs.exists(f"{path}/{name}/manifest.json"):
+            out.append(uri)
+    return out
+
+
+def first_readable(uris: list[str], read, what: str):
+    """``(uri, read(uri))`` for the first of ``uris`` that reads without error (checksums
+    verify, files parse); each one skipped is logged in one line naming it. None if none reads."""
+    for uri in uris:
+        try:
+            return uri, read(uri)
+        except Exception as exc:  # a torn, tampered or unparsable version: fall back to an older one
+            log.warning(f"{what}_unusable", uri=uri, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+    return None
 
 
 def has_file(uri: str, fname: str) -> bool:

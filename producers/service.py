@@ -1,7 +1,8 @@
 """A producer: turn dispatched problems into scored, versioned rollout groups.
 
 Loop, top to bottom:
-  1. load newer weights if the learner announced a checkpoint (the policy topic);
+  1. load the newest valid policy the learner announced (at start: read the policy topic to
+     its end first); announcements that fail a check are dead-lettered;
   2. poll up to ``max_dispatches_per_call`` dispatches, lingering ``linger_ms`` to fill the call
      (consumer group: producers share them);
   3. generate G completions for each in one engine call;
@@ -16,14 +17,19 @@ import time
 
 from prl.generation import Request, make_backend
 from prl.rewards import RewardRunner, load_reward
-from prl.models import weights_exist
+from prl.models import base_weight_shapes, check_checkpoint, resolve_model_dir, weights_exist
 from prl.service import Service
-from schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup, encode, headers
+from prl import storage
+from prl.trust import checkpoint_problem, checkpoint_root
+from schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup
 from schemas.topics import POLICY, PROBLEMS, ROLLOUTS
+
+CATCH_UP_S = 30.0  # at start, read the policy topic to its end (at most this long) before generating
 
 
 class Producer(Service):
     name = "producer"
+    reads, writes = (PROBLEMS, POLICY), (ROLLOUTS,)
 
     def __init__(self, cfg, transport, metrics=None, backend=None):
         super().__init__(cfg, transport, metrics)
@@ -35,8 +41,10 @@ class Producer(Service):
         self.reward = RewardRunner(load_reward(cfg.producer.reward), cfg.producer.reward_timeout_s)
         self.producer_id = cfg.producer.producer_id
         self.log = self.log.bind(producer_id=self.producer_id)
-        self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
+        self.expected_shapes = base_weight_shapes(resolve_model_dir(cfg.model.path))
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
+        self.maybe_reload(wait_s=CATCH_UP_S)  # the newest policy before the first generation
+        self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
 
     def step(self) -> bool:
         self.maybe_reload()
@@ -44,7 +52,7 @@ class Producer(Service):
         dispatches = [d for d in (self.decode_or_dead_letter(m, Dispatch) for m in msgs) if d is not None]
         if dispatches:
             for group in self.rollout_groups(dispatches):
-                self.publisher.publish(self.topic(ROLLOUTS), encode(group), key=group.problem_id.encode(), headers=headers(group))
+                self.send(ROLLOUTS, group, key=group.problem_id.encode())
             self.publisher.flush()
         if msgs:
             self.dispatches.commit()
@@ -60,25 +68,48 @@ class Producer(Service):
             msgs += self.dispatches.poll(left, max_records=limit - len(msgs))
         return msgs
 
-    def maybe_reload(self) -> None:
-        newest = None
-        for msg in self.policy.poll(0.0):
-            record = self.decode_or_dead_letter(msg, PolicyVersion)
-            if record is not None and record.checkpoint_uri and (newest is None or record.version > newest.version):
-                newest = record
-        if newest is not None and newest.version > self.backend.version:
-            t0 = time.perf_counter()
-            try:
-                self.backend.load_weights(newest.checkpoint_uri, newest.version)
-            except Exception:
-                if weights_exist(newest.checkpoint_uri):
-                    raise
-                # The learner keeps its last few checkpoints only: this one was superseded and
-                # deleted before we read it. The newer one's announcement follows.
-                self.count("superseded_checkpoints_skipped")
-                self.log.info("checkpoint_superseded", policy_version=newest.version, uri=newest.checkpoint_uri)
+    def maybe_reload(self, wait_s: float = 0.0) -> None:
+        """Load the newest valid policy the learner announced: read every announcement there
+        is (up to ``wait_s`` to reach the end of the topic), then try them newest first; the
+        first that passes every check is loaded, so a superseded version is never loaded
+        after a newer one. Announcements that fail a check are dead-lettered."""
+        announced = []
+        deadline = time.monotonic() + wait_s
+        while True:
+            msgs = self.policy.poll(0.0 if not wait_s else 0.2)
+            announced += [(m, r) for m, r in ((m, self.decode_or_dead_letter(m, PolicyVersion)) for m in msgs)
+                          if r is not None and r.checkpoint_uri and r.version > self.backend.version]
+            if not msgs and (self.policy.caught_up() or time.monotonic() >= deadline):
+                break
+        for msg, record in sorted(announced, key=lambda mr: mr[1].version, reverse=True):
+            if self.try_load(msg, record):
                 return
-            self.log.info("weights_loaded", policy_version=newest.version, seconds=round(time.perf_counter() - t0, 3))
+
+    def try_load(self, msg, record: PolicyVersion) -> bool:
+        """Load ``record``'s checkpoint if it is this run's checkpoint of that version, says
+        so itself, fits the model and verifies; otherwise dead-letter the announcement (or
+        skip it quietly if the learner has already deleted it) and return False."""
+        if problem := checkpoint_problem(record.checkpoint_uri, self.cfg.run.run_dir, record.version):
+            self.reject(msg, "checkpoint_outside_run", problem)
+            return False
+        t0 = time.perf_counter()
+        try:
+            check_checkpoint(record.checkpoint_uri, record.version, self.expected_shapes)
+            self.backend.load_weights(record.checkpoint_uri, record.version)
+        except Exception as exc:
+            if not weights_exist(record.checkpoint_uri) and self.superseded(record.version):
+                self.count("superseded_checkpoints_skipped")  # the learner keeps its last few only
+                self.log.info("checkpoint_superseded", policy_version=record.version, uri=record.checkpoint_uri)
+                return False
+            self.reject(msg, getattr(exc, "reason", "unloadable_checkpoint"), f"{type(exc).__name__}: {exc}"[:400])
+            return False
+        self.log.info("weights_loaded", policy_version=record.version, seconds=round(time.perf_counter() - t0, 3))
+        return True
+
+    def superseded(self, version: int) -> bool:
+        """A missing checkpoint is one the learner deleted only if a newer one exists."""
+        names = storage.list_versions(checkpoint_root(self.cfg.run.run_dir), "step-")
+        return bool(names) and int(names[-1].split("-")[1]) > version
 
     def prepare(self, d: Dispatch) -> list[int] | str:
         """The prompt's token ids, or why this problem cannot be served."""

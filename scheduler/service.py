@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prl.service import Service, ServiceStopped
+from prl.trust import checkpoint_problem
 from prl.tasks import train_problems
 from prl.formulas import has_signal
 from scheduler.batches import compose_batch
@@ -27,7 +28,7 @@ from scheduler.archive import RolloutArchive
 from scheduler.archive import root as archive_root
 from scheduler.samplers import make_sampler
 from scheduler.snapshot import read_snapshot, write_snapshot
-from schemas import DecodeError, Dispatch, PolicyVersion, RolloutGroup, Sampling, TrainBatch, encode, headers
+from schemas import Dispatch, PolicyVersion, RolloutGroup, Sampling, TrainBatch
 from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 
@@ -45,6 +46,7 @@ class InFlight:
 
 class Scheduler(Service):
     name = "scheduler"
+    reads, writes = (ROLLOUTS, POLICY), (PROBLEMS, BATCHES)
     poll_s = 0.1
 
     def __init__(self, cfg, transport, metrics=None):
@@ -84,29 +86,58 @@ class Scheduler(Service):
         return False
 
     def read_policy(self) -> None:
+        """Follow the learner's announcements (older ones, replayed from the topic's start,
+        are passed over); one the learner cannot have made is dead-lettered."""
         for msg in self.policy.poll(0.0):
             record = self.decode_or_dead_letter(msg, PolicyVersion)
-            if record is not None and record.version >= self.learner_version:
-                self.learner_version = record.version
-                self.learner_last_seq = max(self.learner_last_seq, record.last_batch_seq)
+            if record is None or record.version < self.learner_version:
+                continue
+            if problem := self.implausible(record):
+                self.reject(msg, "implausible_policy", problem)
+                continue
+            self.learner_version = record.version
+            self.learner_last_seq = max(self.learner_last_seq, record.last_batch_seq)
         self.sampler.on_version(self.learner_version)
+
+    def implausible(self, record: PolicyVersion) -> str | None:
+        """Why ``record`` cannot come from this run's learner: it trained a batch not yet
+        published, took more steps than it received batches, or names a checkpoint that is
+        not the run's own of that version."""
+        if record.last_batch_seq >= self.next_seq:
+            return f"last_batch_seq {record.last_batch_seq}, but batches 0..{self.next_seq - 1} were published"
+        if record.version - self.learner_version > record.last_batch_seq - self.learner_last_seq:
+            return (f"version {record.version} after {self.learner_version}: more steps than the "
+                    f"{record.last_batch_seq - self.learner_last_seq} batches trained since")
+        if record.checkpoint_uri:
+            return checkpoint_problem(record.checkpoint_uri, self.cfg.run.run_dir, record.version)
+        return None
 
     def accept_rollouts(self) -> None:
         msgs = self.rollouts.poll(self.poll_s)
         outcomes: list[tuple[int, int, int]] = []  # (problem, solved, attempts), observed together
         for msg in msgs:
             group = self.decode_or_dead_letter(msg, RolloutGroup)
-            if group is not None and group.problem_id not in self.index:
-                self.dead_letter(msg, DecodeError("unknown_problem", group.problem_id))
+            if group is None or not self.acceptable(msg, group):
                 continue
-            if group is not None:
-                problem = self.accept(group)
-                if problem is not None:
-                    outcomes.append((problem, sum(r > 0 for r in group.rewards), len(group.rewards)))
+            problem = self.accept(group)
+            if problem is not None:
+                outcomes.append((problem, sum(r > 0 for r in group.rewards), len(group.rewards)))
         if outcomes:
             self.sampler.observe_many(*zip(*outcomes), self.learner_version)
         if msgs and not self.cfg.scheduler.snapshot_every:
             self.rollouts.commit()  # with snapshots, offsets are committed with each snapshot
+
+    def acceptable(self, msg, group: RolloutGroup) -> bool:
+        """A group for a problem of this run, made by a version the learner can have made
+        (producers load only announced versions); otherwise dead-lettered."""
+        if group.problem_id not in self.index:
+            self.reject(msg, "unknown_problem", group.problem_id)
+            return False
+        newest = self.learner_version + self.cfg.scheduler.max_batches_ahead
+        if group.policy_version > newest:
+            self.reject(msg, "future_version", f"policy_version {group.policy_version} > {newest}")
+            return False
+        return True
 
     def accept(self, group: RolloutGroup) -> int | None:
         """Take a result in; return its problem index, or None for a duplicate or unknown one."""
@@ -171,7 +202,7 @@ class Scheduler(Service):
             self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
 
     def publish_batch(self, batch: TrainBatch) -> None:
-        self.publisher.publish(self.topic(BATCHES), encode(batch), headers=headers(batch))
+        self.send(BATCHES, batch)
         self.publisher.flush()
 
     def batches_ahead(self) -> int:
@@ -204,7 +235,7 @@ class Scheduler(Service):
             self.learner_version, attempt, time.time(), p.chat,
         )
         self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt)
-        self.publisher.publish(self.topic(PROBLEMS), encode(d), key=p.id.encode(), headers=headers(d))
+        self.send(PROBLEMS, d, key=p.id.encode())
         self.count("dispatched")
 
     # -- state ----------------------------------------------------------------------

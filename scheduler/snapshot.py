@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 
 from prl import storage
 from schemas import RolloutGroup, TrainBatch, TrainRollout, decode, encode
-from schemas.records import decode_many, encode_table, to_table
+from schemas.records import decode_many, encode_table, from_table, record_row, to_table
 
 
 def root(run_dir: str) -> str:
@@ -63,21 +64,34 @@ def write_snapshot(run_dir: str, seq: int, state: dict, fresh: list[RolloutGroup
         "state.json": json.dumps(rest).encode(),
         "arrays.safetensors": save(arrays) if arrays else save({"_": np.zeros(1)}),
         "fresh.arrow": encode_table(to_table(fresh, RolloutGroup)),
-        "replay.arrow": encode(TrainBatch("replay-buffer", seq, 0, 0, replay)),
+        "replay.arrow": encode_table(pa.Table.from_pylist([record_row(r) for r in replay], schema=TrainRollout.SCHEMA)),
         **({"pending.arrow": encode(pending)} if pending is not None else {}),
     }
     return storage.write_versioned(root(run_dir), f"snap-{seq:08d}", files, keep, meta={"seq": seq})
 
 
 def read_snapshot(run_dir: str) -> tuple[dict, list[RolloutGroup], list[TrainRollout], TrainBatch | None] | None:
+    """The newest snapshot that verifies and parses (a torn, tampered or unparsable one, or a
+    garbage ``latest``, is logged and passed over for the one before); None if there is none."""
+    found = storage.first_readable(storage.candidates(root(run_dir), "snap-"), read_snapshot_at, "snapshot")
+    return None if found is None else found[1]
+
+
+def read_snapshot_at(uri: str) -> tuple[dict, list[RolloutGroup], list[TrainRollout], TrainBatch | None]:
     from safetensors.numpy import load
 
-    uri = storage.latest_uri(root(run_dir))
-    if uri is None:
-        return None
     rest = json.loads(storage.read_verified(uri, "state.json"))
     arrays = {k: v for k, v in load(storage.read_verified(uri, "arrays.safetensors")).items() if k != "_"}
     fresh = decode_many(storage.read_verified(uri, "fresh.arrow"), RolloutGroup)
-    replay = decode(storage.read_verified(uri, "replay.arrow"), TrainBatch).rollouts
+    replay = read_replay(storage.read_verified(uri, "replay.arrow"))
     pending = decode(storage.read_verified(uri, "pending.arrow"), TrainBatch) if storage.has_file(uri, "pending.arrow") else None
     return join_arrays(rest, arrays), fresh, replay, pending
+
+
+def read_replay(data: bytes) -> list[TrainRollout]:
+    """The replay buffer's rollouts: a table of TrainRollout rows (snapshots written before
+    kept them as one TrainBatch record, which still reads)."""
+    table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    if (table.schema.metadata or {}).get(b"kind") == b"train_batch":
+        return from_table(table, TrainBatch)[0].rollouts
+    return from_table(table, TrainRollout)

@@ -31,6 +31,7 @@ class RunConfig(Section):
     log_format: Literal["console", "json"] = Field("console", description="Log lines for people (console) or machines (json).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest log level printed.")
     http_port: int = Field(0, ge=0, le=65535, description="Port of /health and /metrics for a service started alone (0: none).")
+    http_host: str = Field("127.0.0.1", description="Address /health and /metrics bind to: loopback by default; 0.0.0.0 in a pod (the k8s manifests set it; NetworkPolicies limit who reaches it).")
 
 
 class KafkaConfig(Section):
@@ -50,6 +51,9 @@ class KafkaConfig(Section):
 class TransportConfig(Section):
     type: Literal["memory", "kafka"] = Field("memory", description="memory: in-process (prl run, tests); kafka: separate services.")
     kafka: KafkaConfig = KafkaConfig()
+    signed_kinds: list[Literal["problems", "rollouts", "batches", "policy"]] = Field(
+        [], description="Topic kinds whose messages carry an HMAC-SHA256 signature; unsigned or badly signed ones are dead-lettered (the k8s manifests sign policy and batches).")
+    key_env_prefix: str = Field("PRL_KEY_", pattern=r"^[A-Z_][A-Z0-9_]*$", description="Signing keys come from environment variables <prefix><KIND> (PRL_KEY_POLICY, ...), never from the file.")
 
 
 class TaskConfig(Section):
@@ -122,6 +126,7 @@ class ProducerConfig(Section):
     producer_id: str = Field("producer-0", description="Name in rollouts and logs; pods use their hostname.")
     backend: Literal["auto", "transformers", "vllm"] = Field("auto", description="Generation engine; auto: vLLM when importable and a GPU is present, else transformers.")
     reward: str = Field("prl.tasks.addition:exact_match", description="Reward function as module:function(completion, answer) -> float; built in: prl.tasks.addition:exact_match, producers.rewards:math_verify, producers.rewards:reasoning_gym.")
+    reward_modules: list[str] = Field(["prl.tasks.addition", "prl.rewards", "producers.rewards"], description="Modules producer.reward may name (a config names code to run: add your own reward's module here explicitly).")
     reward_timeout_s: float = Field(5.0, gt=0, description="A reward call running longer counts as 0.0 (and is counted).")
     max_dispatches_per_call: int = Field(16, ge=1, description="Dispatches batched into one generation call.")
     linger_ms: int = Field(50, ge=0, description="After the first dispatch arrives, wait up to this long for more to fill the generation call.")
@@ -176,6 +181,10 @@ class Config(Section):
             raise ValueError("scheduler.dynamic_sampling needs the zero-variance filter (scheduler.filter_zero_variance)")
         if self.scheduler.max_in_flight < self.scheduler.groups_per_batch:
             raise ValueError("scheduler.max_in_flight must be >= scheduler.groups_per_batch, or no batch can fill")
+        module = self.producer.reward.partition(":")[0]
+        if module not in self.producer.reward_modules:
+            raise ValueError(f"producer.reward names module {module!r}, which is not in producer.reward_modules "
+                             f"({', '.join(self.producer.reward_modules)}); add it there to allow it")
         kafka = self.transport.kafka
         if kafka.security_protocol.startswith("SASL") and kafka.sasl_mechanism is None:
             raise ValueError("transport.kafka.sasl_mechanism is required when security_protocol uses SASL")
@@ -219,8 +228,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
 def format_errors(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "config"
-        lines.append(f"{where}: {err['msg']}")
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}" if where else msg)
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

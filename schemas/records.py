@@ -30,6 +30,8 @@ import pyarrow as pa
 
 SCHEMA_VERSION = 1
 MAX_COUNT = 2**31 - 1  # versions, sequence numbers, sizes: anything larger is corrupt
+MAX_TOKENS = 1 << 20  # a completion budget above this is not a real request
+MAX_TEMPERATURE = 100.0
 
 
 def token_ids(values) -> np.ndarray:
@@ -147,6 +149,13 @@ class Sampling:
     max_tokens: Int32 = 16
     stop: list[str] = field(default_factory=list)
 
+    def validate(self) -> None:
+        _require(valid_temperature(self.temperature), "invalid_value", f"temperature must be in (0, {MAX_TEMPERATURE}]")
+        _require(math.isfinite(self.top_p) and 0 < self.top_p <= 1, "invalid_value", "top_p must be in (0, 1]")
+        _require(0 < self.max_tokens <= MAX_TOKENS, "invalid_value", f"max_tokens must be in [1, {MAX_TOKENS}]")
+        _require(len(self.stop) <= 16 and all(0 < len(s) <= 64 for s in self.stop), "invalid_value",
+                 "at most 16 stop strings of 1-64 characters")
+
 
 @record("dispatch")
 class Dispatch:
@@ -166,8 +175,8 @@ class Dispatch:
     def validate(self) -> None:
         _require(1 <= self.group_size <= 4096, "invalid_value", "group_size must be in [1, 4096]")
         _require(0 <= self.learner_version <= MAX_COUNT, "invalid_value", "learner_version out of range")
-        _require(0 < self.sampling.max_tokens <= MAX_COUNT, "invalid_value", "max_tokens out of range")
         _require(bool(self.problem_id), "invalid_value", "empty problem_id")
+        self.sampling.validate()
 
 
 @record()
@@ -205,10 +214,13 @@ class RolloutGroup:
         _require(self.policy_version >= 0, "invalid_value", "negative policy_version")
         _require(self.policy_version <= MAX_COUNT, "invalid_value", "policy_version out of range")
         _require(len(self.rollouts) > 0 or bool(self.error), "invalid_value", "no rollouts and no error")
+        _require(valid_temperature(self.temperature), "invalid_value", "temperature is not a sampling temperature")
+        _require(valid_token_ids(self.prompt_ids), "invalid_value", "negative token id")
         for r in self.rollouts:
             _require(math.isfinite(r.reward), "invalid_value", "reward is not finite")
             _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")
-            _require(bool(np.isfinite(r.logprobs).all() and (r.logprobs <= 0).all()), "invalid_value", "bad logprob")
+            _require(valid_logprobs(r.logprobs), "invalid_value", "log-prob not finite or above 0")
+            _require(valid_token_ids(r.completion_ids), "invalid_value", "negative token id")
 
 
 @record()
@@ -245,10 +257,16 @@ class TrainBatch:
     def validate(self) -> None:
         _require(0 <= self.seq <= MAX_COUNT, "invalid_value", "seq out of range")
         _require(0 <= self.learner_version <= MAX_COUNT, "invalid_value", "learner_version out of range")
+        _require(0 <= self.rollouts_generated <= 1 << 62, "invalid_value", "rollouts_generated out of range")
+        _require(len(self.rollouts) > 0, "invalid_value", "no rollouts")
+        _require(len({r.temperature for r in self.rollouts}) == 1, "invalid_value", "more than one temperature")
         for r in self.rollouts:
             _require(0 <= r.policy_version <= MAX_COUNT, "invalid_value", "policy_version out of range")
-            _require(math.isfinite(r.advantage), "invalid_value", "advantage is not finite")
-            _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")
+            _require(math.isfinite(r.advantage) and math.isfinite(r.reward), "invalid_value", "advantage or reward not finite")
+            _require(valid_temperature(r.temperature), "invalid_value", "temperature is not a sampling temperature")
+            _require(len(r.logprobs) == len(r.completion_ids) > 0, "invalid_value", "logprobs/token length mismatch")
+            _require(valid_logprobs(r.logprobs), "invalid_value", "log-prob not finite or above 0")
+            _require(valid_token_ids(r.prompt_ids) and valid_token_ids(r.completion_ids), "invalid_value", "negative token id")
 
 
 @record("policy_version")
@@ -286,6 +304,18 @@ class DeadLetter:
 RECORD_TYPES = {cls.KIND: cls for cls in (Dispatch, RolloutGroup, TrainBatch, PolicyVersion, DeadLetter)}
 
 
+def valid_temperature(t: float) -> bool:
+    return math.isfinite(t) and 0 < t <= MAX_TEMPERATURE
+
+
+def valid_logprobs(lp: np.ndarray) -> bool:
+    return bool(np.isfinite(lp).all() and (lp <= 0).all())
+
+
+def valid_token_ids(ids: np.ndarray) -> bool:
+    return not len(ids) or int(ids.min()) >= 0
+
+
 def _require(ok: bool, reason: str, detail: str) -> None:
     if not ok:
         raise DecodeError(reason, detail)
@@ -295,7 +325,8 @@ def _schema_with_meta(cls) -> pa.Schema:
     return cls.SCHEMA.with_metadata({"kind": cls.KIND, "schema_version": str(SCHEMA_VERSION)})
 
 
-def _row(record) -> dict:
+def record_row(record) -> dict:
+    """A record as one Arrow row (nested records as dicts; arrays stay arrays)."""
     row = _fields(record)
     if "sampling" in row:
         row["sampling"] = _fields(row["sampling"])
@@ -311,7 +342,7 @@ def _fields(obj) -> dict:
 
 def to_table(records: list, cls: type) -> pa.Table:
     """Records of one kind as an Arrow table (one row each), schema metadata included."""
-    return pa.Table.from_pylist([_row(r) for r in records], schema=_schema_with_meta(cls))
+    return pa.Table.from_pylist([record_row(r) for r in records], schema=_schema_with_meta(cls))
 
 
 def encode(record) -> bytes:

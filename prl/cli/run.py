@@ -26,9 +26,15 @@ def command(args, cfg) -> int:
     import sys
 
     from prl.service import ServiceStopped
+    from prl.storage import StorageError, check_writable
 
     if cfg.transport.type != "memory":
         print("prl run uses the in-memory transport; start services with prl scheduler|producer|learner", file=sys.stderr)
+        return 2
+    try:
+        check_writable(cfg.run.run_dir)
+    except StorageError as exc:
+        print(f"prl run: {exc}", file=sys.stderr)
         return 2
     try:
         summary = run_pipeline(cfg, progress=not args.no_progress,

@@ -11,18 +11,23 @@ import threading
 def command(args, cfg) -> int:
     from prl.metrics import MetricsSink
     from prl.service import ServiceStopped
-    from prl.transport import make_transport
+    from prl.storage import StorageError, check_writable
+    from prl.transport import TransportError, make_transport
 
     name = args.command
-    transport = make_transport(cfg.transport)
-    transport.ensure_topics(cfg.run.name)
-    metrics = MetricsSink(cfg.run.run_dir, filename=f"metrics-{name}.jsonl")
-    service = service_class(name)(cfg, transport, metrics)
+    try:
+        check_writable(cfg.run.run_dir)
+        transport = make_transport(cfg.transport)
+        transport.ensure_topics(cfg.run.name)
+        service = service_class(name)(cfg, transport, MetricsSink(cfg.run.run_dir, filename=f"metrics-{name}.jsonl"))
+    except (StorageError, TransportError, ServiceStopped) as exc:
+        print(f"prl {name}: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        service.run(stop, http_port=cfg.run.http_port)
+        service.run(stop, http_port=cfg.run.http_port, http_host=cfg.run.http_host)
     except ServiceStopped as exc:
         print(f"prl {name}: {exc}", file=sys.stderr)
         return 1

@@ -52,6 +52,10 @@ class Subscriber(abc.ABC):
     def commit(self) -> None:
         """Acknowledge everything returned by ``poll`` so far (group subscribers only)."""
 
+    @abc.abstractmethod
+    def caught_up(self) -> bool:
+        """Whether ``poll`` has returned everything written so far (readers without a group)."""
+
     def close(self) -> None:
         pass
 

@@ -8,6 +8,7 @@ config file, and never logged.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import structlog
@@ -124,6 +125,14 @@ class KafkaSubscriber(Subscriber):
             except KafkaError as exc:
                 raise TransportError(f"commit failed: {type(exc).__name__}: {exc}") from None
 
+    def caught_up(self) -> bool:
+        """Every assigned partition read up to its high watermark (known after a fetch)."""
+        for tp in self._consumer.assignment():
+            high = self._consumer.highwater(tp)
+            if high is None or self._consumer.position(tp) < high:
+                return False
+        return True
+
     def highwater(self, topic: str, partition: int) -> int | None:
         from kafka import TopicPartition
 
@@ -133,9 +142,33 @@ class KafkaSubscriber(Subscriber):
         self._consumer.close(autocommit=False)
 
 
+REACH_TIMEOUT_S = 10.0
+
+
+def check_reachable(cfg, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise TransportError within ``timeout_s`` unless some bootstrap server accepts a TCP
+    connection (so an unreachable broker is one clear line, not half a minute of retries)."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    errors = []
+    while time.monotonic() < deadline:
+        for server in cfg.bootstrap_servers.split(","):
+            host, _, port = server.strip().rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=2.0):
+                    return
+            except (OSError, ValueError) as exc:
+                errors.append(f"{server.strip()}: {exc.strerror or exc}" if isinstance(exc, OSError) else f"{server}: {exc}")
+        time.sleep(0.5)
+    raise TransportError(f"cannot reach a Kafka broker at {cfg.bootstrap_servers} ({errors[-1]}) within {timeout_s:.0f} s; "
+                         "check that the broker runs and transport.kafka.bootstrap_servers")
+
+
 class KafkaTransport(Transport):
     def __init__(self, cfg):
         self.cfg = cfg
+        check_reachable(cfg)
 
     def ensure_topics(self, run):
         if not self.cfg.create_topics:

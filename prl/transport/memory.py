@@ -87,6 +87,10 @@ class MemorySubscriber(Subscriber):
             self.polled[(self.group, m.topic, m.partition)] = m.offset + 1
         return msgs
 
+    def caught_up(self):
+        ends = {(t, p): end for t in self.topics for p, end in enumerate(self.broker.end_offsets(t))}
+        return all(self.positions.get((None, t, p), 0) >= end for (t, p), end in ends.items())
+
     def commit(self):
         if self.group is not None:
             with self.broker._cond:

@@ -1,6 +1,7 @@
 """Faults over a real broker and a real S3 server: scheduler, two producers and learner run as
 `prl` processes with checkpoints and snapshots on S3; each service is killed with SIGKILL in
-turn (and, separately, the broker is killed and restarted on its S3 storage). Then:
+turn (and, separately, the broker is killed and restarted on its S3 storage; and hostile
+messages are written to the policy and batch topics while the run trains). Then:
 
 - no dispatched problem was lost: each dispatch was answered, dispatched again later, or is
   in flight in the scheduler's last snapshot;
@@ -12,6 +13,7 @@ turn (and, separately, the broker is killed and restarted on its S3 storage). Th
 import json
 import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -22,9 +24,9 @@ from learner import checkpoint
 from prl.formulas import rollout_age
 from prl.transport.kafka import KafkaTransport
 from scheduler.snapshot import read_snapshot
-from schemas import Dispatch, RolloutGroup, TrainBatch, decode
+from schemas import DeadLetter, Dispatch, PolicyVersion, RolloutGroup, TrainBatch, TrainRollout, decode, encode, headers
 from schemas.config import KafkaConfig
-from schemas.topics import BATCHES, PROBLEMS, ROLLOUTS, topic_name
+from schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS, topic_name
 from prl.servers import KafkaBroker, Process, S3Server, wait_until
 from tests.support.configs import write_kafka_config
 
@@ -230,3 +232,67 @@ def test_broker_restart(s3, broker_s3, tmp_path, run_name):
         cluster.stop_all()
         broker.stop()
     print(f"\nbroker restart: {figures}")
+
+
+def inject(cluster: Cluster, kind: str, record) -> None:
+    """Write one message to a topic of the run, as anyone with access to the topic could."""
+    transport = KafkaTransport(KafkaConfig(bootstrap_servers=cluster.broker.bootstrap))
+    pub = transport.publisher()
+    pub.publish(topic_name(cluster.run_name, kind), encode(record), key=b"attacker", headers=headers(record))
+    pub.close()
+
+
+def dead_letters(cluster: Cluster) -> list[DeadLetter]:
+    return read_topic(cluster.broker.bootstrap, topic_name(cluster.run_name, DEADLETTER), DeadLetter)
+
+
+def test_a_policy_hijack_is_refused_end_to_end(s3, tmp_path, run_name):
+    """PolicyVersions with a huge version and checkpoints outside the run (another directory,
+    an http:// URI) while the run trains: producers and scheduler dead-letter them, no rollout
+    is made by a version the learner did not make, the learner steps on; a producer restarted
+    afterwards (the policy topic keeps the messages) refuses them again and serves."""
+    broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
+    cluster = Cluster(tmp_path, broker, run_name)
+    try:
+        for name in SERVICES:
+            cluster.start(name)
+        cluster.wait_for_step(2)
+        inject(cluster, POLICY, PolicyVersion(10**9, f"file://{tmp_path}/elsewhere/step-{10**9:08d}", 10**9, time.time()))
+        inject(cluster, POLICY, PolicyVersion(10**9, "http://evil.example/step-1000000000", 10**9, time.time()))
+        cluster.wait_for_step(5)
+        cluster.kill("producer-1")
+        cluster.start("producer-1")
+        cluster.finish()
+        figures = check_invariants(cluster)
+        groups = read_topic(broker.bootstrap, topic_name(run_name, ROLLOUTS), RolloutGroup)
+        assert max(g.policy_version for g in groups) <= MAX_STEPS
+        reasons = Counter((d.service, d.reason) for d in dead_letters(cluster) if d.source_topic.endswith(".policy"))
+        assert reasons[("producer", "checkpoint_outside_run")] >= 2 * 3  # two messages, three producer starts
+        assert reasons[("scheduler", "implausible_policy")] == 2
+    finally:
+        cluster.stop_all()
+        broker.stop()
+    print(f"\npolicy hijack: {figures}, dead letters {dict(reasons)}")
+
+
+def test_a_batch_far_ahead_does_not_stall_the_learner(s3, tmp_path, run_name):
+    """A TrainBatch with seq 2^31-1 is dead-lettered (outside the learner's window) instead of
+    trained: the learner keeps taking the scheduler's batches in order, and the scheduler,
+    which follows only plausible announcements, never runs more than max_batches_ahead ahead."""
+    broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
+    cluster = Cluster(tmp_path, broker, run_name)
+    try:
+        for name in SERVICES:
+            cluster.start(name)
+        cluster.wait_for_step(2)
+        rollout = TrainRollout("evil/0", "add1:1+1", 0, False, 1.0, 1.0, 1.0, [1, 4, 14, 4, 15], [5, 2], [-0.1, -0.1])
+        inject(cluster, BATCHES, TrainBatch("evil", 2**31 - 1, 0, 1, [rollout], time.time()))
+        cluster.finish()
+        figures = check_invariants(cluster)
+        batches = read_topic(broker.bootstrap, topic_name(run_name, BATCHES), TrainBatch)
+        assert len([b for b in batches if b.batch_id != "evil"]) <= MAX_STEPS + 2 + 1  # max_batches_ahead = 2
+        assert [(d.service, d.reason) for d in dead_letters(cluster)] == [("learner", "outside_window")]
+    finally:
+        cluster.stop_all()
+        broker.stop()
+    print(f"\nbatch far ahead: {figures}")

@@ -13,7 +13,7 @@ from learner.service import Learner
 from prl.cli import inspect, replay
 from prl.transport.kafka import KafkaTransport
 from scheduler.archive import RolloutArchive, read_archive
-from schemas import Rollout, RolloutGroup, encode, headers
+from schemas import Rollout, RolloutGroup, encode
 from schemas.config import load_config
 from schemas.topics import ROLLOUTS, topic_name
 from prl.servers import S3Server, wait_until

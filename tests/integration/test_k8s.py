@@ -142,3 +142,61 @@ def test_dev_overlay_is_cpu_with_one_producer(tmp_path):
     assert kinds["prl-producer"]["spec"]["replicas"] == 1
     assert "nvidia.com/gpu" not in str(docs)
     assert any(d["kind"] == "Kafka" for d in docs)
+
+
+def service_kinds() -> dict[str, set[str]]:
+    """Topic kinds each service reads or writes, from the services themselves."""
+    from learner.service import Learner
+    from producers.service import Producer
+    from scheduler.service import Scheduler
+
+    return {c.name: set(c.reads) | set(c.writes) for c in (Scheduler, Producer, Learner)}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_control_topics_are_signed_and_each_service_gets_only_its_keys(overlay, tmp_path):
+    """Policy and batch messages are signed; a service gets the key of a kind only if it
+    reads or writes it (the producers cannot sign batches); metrics bind the pod address."""
+    _, docs = build(overlay, tmp_path)
+    cfg = load_config(overrides=[]).model_validate(tomllib.loads(config_of(docs)))
+    assert {"policy", "batches"} <= set(cfg.transport.signed_kinds) and cfg.run.http_host == "0.0.0.0"
+    kinds = service_kinds()
+    for w in workloads(docs):
+        c = w["spec"]["template"]["spec"]["containers"][0]
+        keys = {e["name"] for e in c["env"] if e["name"].startswith(cfg.transport.key_env_prefix)}
+        assert keys == {f"{cfg.transport.key_env_prefix}{k.upper()}" for k in kinds[c["args"][0]] & set(cfg.transport.signed_kinds)}
+        assert all(e["valueFrom"]["secretKeyRef"]["name"] == "prl-signing-keys" for e in c["env"] if e["name"] in keys)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_has_a_network_policy_admitting_only_metrics(overlay, tmp_path):
+    _, docs = build(overlay, tmp_path)
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    for w in workloads(docs):
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        (np_,) = [p for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        assert set(np_["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        assert [p["port"] for rule in np_["spec"]["ingress"] for p in rule["ports"]] == [8080]
+
+
+def test_secure_overlay_kafka_is_tls_scram_with_acls_per_service(tmp_path):
+    """No plaintext listener; each service logs in as its own KafkaUser whose ACLs name exactly
+    the topics it reads or writes (and the dead-letter topic) and its consumer group."""
+    _, docs = build("secure", tmp_path)
+    kafka = next(d for d in docs if d["kind"] == "Kafka")["spec"]["kafka"]
+    assert all(lst["tls"] and lst["authentication"]["type"] == "scram-sha-512" for lst in kafka["listeners"])
+    assert kafka["authorization"]["type"] == "simple"
+    cfg = tomllib.loads(config_of(docs))["transport"]["kafka"]
+    assert cfg["security_protocol"] == "SASL_SSL" and cfg["ssl_cafile"].startswith("/etc/kafka-ca/")
+    users = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "KafkaUser"}
+    groups = {"scheduler": "prl.scheduler", "producer": "prl.producers", "learner": "prl.learner"}
+    for name, kinds in service_kinds().items():
+        acls = users[f"prl-{name}"]["authorization"]["acls"]
+        topics = {a["resource"]["name"] for a in acls if a["resource"]["type"] == "topic"}
+        assert topics == {topic_name("prl", k) for k in kinds | {"deadletter"}}, name
+        assert {a["resource"]["name"] for a in acls if a["resource"]["type"] == "group"} == {groups[name]}
+    for w in workloads(docs):
+        c = w["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["PRL_KAFKA_USERNAME"]["value"] == w["metadata"]["name"]
+        assert env["PRL_KAFKA_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == w["metadata"]["name"]

@@ -1,12 +1,10 @@
 """The in-process pipeline: services on the in-memory transport."""
 
 import json
-import threading
 
 import pytest
 
 from prl.formulas import rollout_age
-from prl.metrics import MetricsSink
 from prl.transport.memory import MemoryBroker, MemoryTransport
 from schemas import DeadLetter, RolloutGroup, decode, encode, headers, topic_name
 from schemas.config import load_config
@@ -233,8 +231,8 @@ def test_batch_is_what_survives_of_groups_per_batch_unless_dynamic_sampling(tmp_
 
 def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path):
     """The learner keeps its last few checkpoints: a producer that reads an announcement
-    late finds the checkpoint gone, skips it and loads the next one; a checkpoint that is
-    there but unreadable is still an error."""
+    late finds the checkpoint gone (a newer one is there), skips it and loads the next one.
+    (A checkpoint that is there but not what it claims: tests/integration/test_hostile.py.)"""
     from learner.checkpoint import write_checkpoint
     from producers.service import Producer
     from prl.models import export_state, load_model, resolve_model_dir
@@ -251,19 +249,15 @@ def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path):
         record = PolicyVersion(version, uri, version - 1)
         pub.publish(topic_name(cfg.run.name, POLICY), encode(record), key=b"run", headers=headers(record))
 
-    announce(3, f"file://{tmp_path}/checkpoints/step-00000003")  # already deleted
+    state = {"step": 4}  # what the learner's state.json says
+    good = write_checkpoint(cfg.run.run_dir, 4, export_state(load_model(cfg.model.path)), None, state,
+                            resolve_model_dir(cfg.model.path), 3)
+    announce(3, f"file://{cfg.run.run_dir}/checkpoints/step-00000003")  # deleted: 4 is there
     producer.step()
     assert producer.backend.version == 0 and producer.counters["superseded_checkpoints_skipped"] == 1
-    good = write_checkpoint(f"file://{tmp_path}/checkpoints", 4, export_state(load_model(cfg.model.path)), None, {},
-                            resolve_model_dir(cfg.model.path), 3)
     announce(4, good)
     producer.step()
     assert producer.backend.version == 4
-    with open(good.removeprefix("file://") + "/model.safetensors", "r+b") as f:  # there, but corrupt
-        f.write(b"not safetensors")
-    announce(5, good)
-    with pytest.raises(Exception):
-        producer.step()
 
 
 def test_health_and_metrics_endpoints(tmp_path):

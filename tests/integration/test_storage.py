@@ -10,7 +10,7 @@ import torch
 
 from learner import checkpoint
 from prl import storage
-from prl.models import export_state, load_model, resolve_model_dir
+from prl.models import export_state, load_model, load_state, resolve_model_dir
 from prl.servers import S3Server
 
 
@@ -77,6 +77,46 @@ def test_learner_checkpoint_round_trip(root):
                                       resolve_model_dir("builtin:tiny-adder"), 2)
     assert checkpoint.latest_uri(run_dir) == uri and checkpoint.read_state(uri)["last_batch_seq"] == 7
     fresh = load_model("builtin:tiny-adder")
-    checkpoint.load_weights(uri, fresh)
+    load_state(fresh, checkpoint.read_checkpoint(uri).weights)
     for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("damage", ["torn weights", "garbage latest", "latest outside the root", "no latest"])
+def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(root, damage, capsys):
+    """A torn or tampered newest checkpoint, or a `latest` that is garbage or points out of
+    the checkpoint root, costs one log line naming it; the learner resumes from the newest
+    checkpoint that verifies."""
+    from prl import logs
+
+    logs.configure("console", "info")
+    model = load_model("builtin:tiny-adder")
+    run_dir = root.rsplit("/", 1)[0]
+    base = resolve_model_dir("builtin:tiny-adder")
+    for step in (1, 2):
+        newest = checkpoint.write_checkpoint(run_dir, step, export_state(model), None, {"last_batch_seq": step}, base, 3)
+    fs, path = fsspec.core.url_to_fs(newest)
+    latest = path.rsplit("/", 1)[0] + "/latest"
+    if damage == "torn weights":
+        fs.pipe_file(f"{path}/model.safetensors", fs.cat_file(f"{path}/model.safetensors")[:-10])
+    elif damage == "garbage latest":
+        fs.pipe_file(latest, b"{not json")
+    elif damage == "latest outside the root":
+        fs.pipe_file(latest, json.dumps({"name": "../../elsewhere/step-00000009"}).encode())
+    else:
+        fs.rm(latest)
+    ckpt = checkpoint.newest_checkpoint(run_dir)
+    expected = 1 if damage == "torn weights" else 2
+    assert ckpt.state["step"] == expected and ckpt.uri.endswith(f"step-{expected:08d}")
+    if damage != "no latest":
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if "unusable" in ln or "unreadable" in ln]
+        assert len(lines) == 1 and ("step-00000002" in lines[0] or "latest" in lines[0])
+
+
+def test_latest_is_replaced_whole_on_a_local_disk(tmp_path):
+    """`latest` is written to a temporary file and renamed over the old one."""
+    root = str(tmp_path / "versions")
+    storage.write_versioned(root, "v-00000001", {"a": b"1"}, keep=3)
+    storage.write_versioned(root, "v-00000002", {"a": b"2"}, keep=3)
+    assert storage.read_latest(root)["name"] == "v-00000002"
+    assert sorted(p.name for p in (tmp_path / "versions").iterdir()) == ["latest", "v-00000001", "v-00000002"]

@@ -1,0 +1,103 @@
+"""What a service checks before it acts on a control message: where a checkpoint may be,
+and who signed the message.
+
+Topics are input from outside: anyone who can write to one can send anything. Two walls:
+
+- **Checkpoint location.** A PolicyVersion is followed only if its ``checkpoint_uri`` is the
+  run's own checkpoint of that version: the same scheme (from an allow-list) and bucket as the
+  run's checkpoint root, a path inside it without ``..``, and the directory name
+  ``step-<version:08d>``. Loading then verifies the manifest's checksums before a weight is used.
+- **Signatures (HMAC-SHA256).** With keys configured, a message of a signed kind carries a
+  ``signature`` header: HMAC over the topic name and the encoded record, with a key per kind
+  taken from the environment (``PRL_KEY_POLICY``, ``PRL_KEY_BATCHES``, ...; on Kubernetes a
+  Secret mounted only into the services that need it). Only the learner holds the policy key
+  and only the scheduler the batch key's signing role in the manifests, so someone who can
+  write to a topic cannot announce a policy or send a batch. A verifier needs the key too
+  (HMAC is symmetric): a service that verifies a kind could sign it; the manifests give each
+  key only to the services that read or write that kind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import posixpath
+from urllib.parse import urlsplit
+
+SCHEMES = ("file", "s3", "gs", "gcs", "az", "abfs", "memory")
+SIGNATURE_HEADER = "signature"
+
+
+class KeyMissing(ValueError):
+    """A signed kind is configured but its key is not in the environment."""
+
+
+def checkpoint_name(version: int) -> str:
+    return f"step-{version:08d}"
+
+
+def checkpoint_root(run_dir: str) -> str:
+    return run_dir.rstrip("/") + "/checkpoints"
+
+
+def _split(uri: str) -> tuple[str, str, str]:
+    """(scheme, bucket or host, normalized absolute path) of a URI or local path."""
+    parts = urlsplit(uri)
+    if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive letter)
+        return "file", "", posixpath.normpath(os.path.abspath(uri))
+    return parts.scheme, parts.netloc, parts.path
+
+
+def checkpoint_problem(uri: str, run_dir: str, version: int) -> str | None:
+    """Why ``uri`` is not this run's checkpoint of ``version`` (None when it is)."""
+    if not uri:
+        return "no checkpoint_uri"
+    if ".." in uri.replace("\\", "/").split("/"):
+        return f"{uri!r} contains '..'"
+    scheme, host, path = _split(uri)
+    root_scheme, root_host, root_path = _split(checkpoint_root(run_dir))
+    if scheme not in SCHEMES:
+        return f"scheme {scheme!r} is not one of {', '.join(SCHEMES)}"
+    if (scheme, host) != (root_scheme, root_host):
+        return f"{uri!r} is not on the run's storage ({checkpoint_root(run_dir)})"
+    if posixpath.normpath(path).rstrip("/") != posixpath.join(root_path.rstrip("/"), checkpoint_name(version)):
+        return f"{uri!r} is not {checkpoint_root(run_dir)}/{checkpoint_name(version)}"
+    return None
+
+
+class Signer:
+    """HMAC-SHA256 signatures for the record kinds configured (``transport.signed_kinds``)."""
+
+    def __init__(self, kinds: list[str], key_env_prefix: str = "PRL_KEY_", env=os.environ):
+        self.keys: dict[str, bytes] = {}
+        for kind in kinds:
+            name = f"{key_env_prefix}{kind.upper()}"
+            value = env.get(name)
+            if value is not None:
+                self.keys[kind] = value.encode()
+        self.kinds = set(kinds)
+        self.key_env_prefix = key_env_prefix
+
+    def require(self, kind: str) -> bytes:
+        if kind not in self.keys:
+            raise KeyMissing(f"messages of kind {kind!r} are signed (transport.signed_kinds) but "
+                             f"{self.key_env_prefix}{kind.upper()} is not set")
+        return self.keys[kind]
+
+    def signature(self, kind: str, topic: str, value: bytes) -> bytes:
+        return hmac.new(self.require(kind), topic.encode() + b"\0" + value, hashlib.sha256).hexdigest().encode()
+
+    def headers(self, kind: str, topic: str, value: bytes) -> list[tuple[str, bytes]]:
+        """The signature header for a message of ``kind`` (none for kinds not signed)."""
+        return [(SIGNATURE_HEADER, self.signature(kind, topic, value))] if kind in self.kinds else []
+
+    def problem(self, kind: str, topic: str, value: bytes, signature: bytes | None) -> str | None:
+        """Why a message of ``kind`` is not trusted: unsigned, or a signature that does not match."""
+        if kind not in self.kinds:
+            return None
+        if signature is None:
+            return "unsigned"
+        if not hmac.compare_digest(signature, self.signature(kind, topic, value)):
+            return "bad_signature"
+        return None
