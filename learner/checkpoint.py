@@ -26,6 +26,7 @@ from pathlib import Path
 import structlog
 
 from prl import storage
+from prl.trust import checkpoint_name, checkpoint_root
 
 log = structlog.get_logger("checkpoint")
 
@@ -36,8 +37,7 @@ HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenize
 CheckpointError = storage.StorageError
 
 
-def root(run_dir: str) -> str:
-    return run_dir.rstrip("/") + "/checkpoints"
+root = checkpoint_root  # <run_dir>/checkpoints: where producers accept checkpoints from (prl/trust.py)
 
 
 def optimizer_shard_name(rank: int, world: int) -> str:
@@ -82,7 +82,7 @@ def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: d
     manifest and ``latest``."""
 
     rank, world = (d.rank, d.world) if d is not None else (0, 1)
-    name = f"step-{step:08d}"
+    name = checkpoint_name(step)
     opt_tensors, param_groups = optimizer_tensors(optimizer) if optimizer is not None else ({}, [])
     shard_name = optimizer_shard_name(rank, world)
     digest = storage.write_file(root(run_dir), name, shard_name, storage.safetensors_chunks(opt_tensors))

@@ -7,14 +7,13 @@ Topics are input from outside: anyone who can write to one can send anything. Tw
   run's own checkpoint of that version: the same scheme (from an allow-list) and bucket as the
   run's checkpoint root, a path inside it without ``..``, and the directory name
   ``step-<version:08d>``. Loading then verifies the manifest's checksums before a weight is used.
-- **Signatures (HMAC-SHA256).** With keys configured, a message of a signed kind carries a
-  ``signature`` header: HMAC over the topic name and the encoded record, with a key per kind
-  taken from the environment (``PRL_KEY_POLICY``, ``PRL_KEY_BATCHES``, ...; on Kubernetes a
-  Secret mounted only into the services that need it). Only the learner holds the policy key
-  and only the scheduler the batch key's signing role in the manifests, so someone who can
-  write to a topic cannot announce a policy or send a batch. A verifier needs the key too
-  (HMAC is symmetric): a service that verifies a kind could sign it; the manifests give each
-  key only to the services that read or write that kind.
+- **Signatures (HMAC-SHA256).** With ``transport.signed_kinds`` set, a message of a signed
+  kind carries a ``signature`` header: HMAC over the topic name and the encoded record, with a
+  key per kind from the environment (``PRL_KEY_POLICY``, ``PRL_KEY_BATCHES``, ...; on
+  Kubernetes the Secret prl-signing-keys). Unsigned or badly signed messages are dead-lettered,
+  so someone who can only write to a topic cannot announce a policy or send a batch. HMAC is
+  symmetric: whoever verifies a kind could also sign it, so each service gets only the keys of
+  the kinds it reads or writes (the producers have no batch key).
 """
 
 from __future__ import annotations
