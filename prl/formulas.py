@@ -35,12 +35,12 @@ def gumbel_keys(log_weights, rng: np.random.Generator):
     return log_weights + rng.gumbel(size=log_weights.shape)
 
 
-def top_gumbel_keys_of_equals(log_weight: float, m: int, r: int, rng: np.random.Generator) -> np.ndarray:
-    """The r largest of m Gumbel keys that share one weight, without drawing all m: by
-    Renyi's representation of exponential order statistics the j-th largest is
-    log w - log(sum_{s<=j} E_s / (m - s + 1)), E_s ~ Exp(1)."""
-    spacing = rng.exponential(size=r) / (m - np.arange(r))
-    return log_weight - np.log(np.cumsum(spacing))
+def exponential_clock(now: float, rates, rng: np.random.Generator):
+    """t = now + E / w, E ~ Exp(1): when a clock of rate w set at ``now`` rings. Among clocks
+    running at any moment, the next to ring is clock i with probability w_i / sum(w), however
+    long each has run (memorylessness): sampling in proportion to w, one pick at a time."""
+    rates = np.asarray(rates, dtype=np.float64)
+    return now + rng.exponential(size=rates.shape) / rates
 
 
 def rollout_age(learner_version, rollout_version):

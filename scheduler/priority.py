@@ -1,26 +1,33 @@
-"""Problem-level prioritized sampling (arXiv 2601.02648) with heap sampling and retest.
+"""Problem-level prioritized sampling (arXiv 2601.02648): priority p(1-p), retest pools.
 
 State lives in flat typed arrays indexed by a dense problem index (array.array, shared
-with numpy views for vectorised metrics), not in one Python object per problem.
+with numpy views for vectorised work), not in one Python object per problem.
 
-- Success estimate: p = (s + a) / (n + a + b), where s and n are (optionally decayed)
-  successes and attempts and (a, b) is the prior: flat Beta(alpha, beta), or borrowed from
-  the problem's group (difficulty, source, ...) as ``pseudo_count`` attempts at the
-  group's pooled success rate.
-- Priority: p (1 - p), the variance of a Bernoulli reward, the mean squared advantage.
-- Max-heap with lazy invalidation: every (re)insertion bumps the problem's stamp; popped
-  entries whose stamp is old are skipped. A problem in flight is out of the heap until
-  its result returns. ``gumbel`` mode keys an entry by log priority + Gumbel noise drawn
-  at insertion: popping the max samples in proportion to priority without replacement.
-- Unseen problems of a group share one priority, so they are not in the heap one by one:
-  each group keeps a shuffled order of its unseen problems; each ``next`` draws the
-  group's best keys from the order statistics of its m members' keys and merges them
-  with the heap's (in gumbel mode these are drawn afresh per call, heap keys at insertion).
-- Retest: a problem whose last ``retest_after`` groups were all solved (all failed) goes
-  to the solved (unsolved) pool, out of the heap. Every ``retest_interval`` learner
-  versions, ``retest_share`` of each pool, longest-untested first, is queued for
-  dispatch; a changed result returns the problem to the heap. A pooled problem is
-  therefore dispatched again within retest_interval * ceil(1 / retest_share) versions.
+- **Estimate.** p = (s + a) / (n + a + b) (``prl.formulas.success_estimate``), s and n the
+  successes and attempts, decayed *on read* by ``half_life_versions``, so a problem without
+  new results drifts back toward its prior; (a, b) is a flat Beta(alpha, beta) or the
+  problem's group rate as ``pseudo_count`` attempts. The group rate counts each problem's
+  *first* group only: an estimate of how a never-tried problem of the group does, which
+  retests of the group's hard problems cannot drive down.
+- **Priority** p(1-p) (``prl.formulas.bernoulli_variance``).
+- **Sampling in proportion to priority** (``gumbel`` mode), whatever the call size and
+  history: every choosable problem holds an exponential clock in virtual time; a clock set
+  at time t with rate w rings at t + E/w (E ~ Exp(1), ``prl.formulas.exponential_clock``),
+  and each pick is the next clock to ring, which moves virtual time there. By
+  memorylessness the next ring is problem i with probability w_i / sum(w) among the problems
+  choosable at that moment, however long each has waited; a clock is reset whenever its
+  problem's rate changes. A min-heap with lazy invalidation holds the clocks. The m
+  never-tried problems of a group share one rate w and so one clock of rate m w (their
+  first ring). ``greedy`` mode pops the highest priority instead.
+- **Never-tried floor.** At least ``unseen_share`` of the dispatches go to never-tried
+  problems while any remain, round-robin over groups: every problem is dispatched within
+  pool size / (unseen_share x dispatches per round) rounds, whatever its group's rate.
+- **Retest.** A problem whose last ``retest_after`` groups were all solved (all failed) goes
+  to the solved (unsolved) pool, out of the heap. Every ``retest_interval`` learner versions
+  ``retest_share`` of each pool, longest-untested first, is queued; retests take at most
+  ``retest_cap`` of all dispatches (the rest wait in the queue), and when nothing else is
+  choosable the queue and pools are served regardless. A changed result returns the
+  problem to the heap.
 """
 
 from __future__ import annotations
@@ -32,9 +39,10 @@ from collections import deque
 
 import numpy as np
 
-from prl.formulas import bernoulli_variance, decay_factor, gumbel_keys, success_estimate, top_gumbel_keys_of_equals
+from prl.formulas import bernoulli_variance, decay_factor, exponential_clock, success_estimate
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
+MIN_RATE = 1e-12  # a clock of rate 0 would never ring
 
 
 def _typed(code: str, n: int, value=0) -> tuple[array, np.ndarray]:
@@ -59,109 +67,123 @@ class PrioritySampler:
             setattr(self, f"_{name}_np", view)
         self._group_np[:] = groups
         self.num_groups = int(groups.max()) + 1 if n else 0
-        self.group_successes = np.zeros(self.num_groups)
+        self.group_successes = np.zeros(self.num_groups)  # first groups of each problem only
         self.group_attempts = np.zeros(self.num_groups)
         self.unseen_order = [array("i", self.rng.permutation(np.flatnonzero(groups == g)).astype(np.int32).tobytes())
                              for g in range(self.num_groups)]
         self.unseen_pos = [0] * self.num_groups
-        self.heap: list[tuple[float, int, int]] = []  # (-key, stamp, problem), seen problems only
+        self.group_stamp = [0] * self.num_groups
+        self.heap: list[tuple[float, int, int]] = []  # (key, stamp, id): id >= 0 a problem, id < 0 a group's unseen
+        self.now = 0.0  # virtual time of the clocks
         self.pools = {SOLVED: deque(), UNSOLVED: deque()}
         self.retest_queue: deque[int] = deque()
-        self.version = 0
-        self.last_retest_version = 0
-        self.dispatched = 0
-        self.retests_dispatched = 0
+        self.version = self.last_retest_version = 0
+        self.dispatched = self.retests_dispatched = self.unseen_dispatched = 0
+        self.unseen_cursor = 0  # round-robin over groups for the never-tried floor
+        self._arm_groups(range(self.num_groups))
 
     # -- estimates ------------------------------------------------------------------
-    def group_rate(self, g: int) -> float:
+    def group_rate(self, g) -> float | np.ndarray:
         return success_estimate(self.group_successes[g], self.group_attempts[g], 1.0, 1.0)
+
+    def prior(self, idx) -> tuple:
+        """(a, b): the Beta prior of problems ``idx``."""
+        if self.cfg.prior == "group":
+            rates = self.group_rate(self._group_np[idx])
+            return self.cfg.pseudo_count * rates, self.cfg.pseudo_count * (1 - rates)
+        return self.cfg.alpha, self.cfg.beta
+
+    def priorities(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """Current priority p(1-p) of problems ``idx`` (default: all), counts decayed to the
+        current version."""
+        sel = slice(None) if idx is None else idx
+        s, n = self._successes_np[sel], self._attempts_np[sel]
+        if self.cfg.half_life_versions > 0:
+            f = decay_factor(np.maximum(self.version - self._updated_at_np[sel], 0), self.cfg.half_life_versions)
+            s, n = s * f, n * f
+        return bernoulli_variance(success_estimate(s, n, *self.prior(sel)))
 
     def priority(self, i: int) -> float:
         return float(self.priorities(np.asarray([i]))[0])
 
     def unseen_priority(self, g: int) -> float:
         p = self.group_rate(g) if self.cfg.prior == "group" else success_estimate(0, 0, self.cfg.alpha, self.cfg.beta)
-        return bernoulli_variance(p)
+        return float(bernoulli_variance(p))
+
+    def unseen_left(self, g: int) -> int:
+        return len(self.unseen_order[g]) - self.unseen_pos[g]
 
     # -- the sampler interface ------------------------------------------------------
     def next(self, k: int, busy: set[int] | None = None) -> list[int]:
-        """Up to k problems: due retests first, then the best keys of the heap and of the
-        unseen groups, merged. ``busy`` is not needed (the sampler tracks what is in
-        flight); it is kept for interface parity with the uniform sampler."""
-        out: list[int] = []
-        state = self.state
-        queue = self.retest_queue
-        while len(out) < k and queue:
-            i = queue.popleft()
-            if state[i] == QUEUED:
-                state[i] = IN_FLIGHT
-                self.retests_dispatched += 1
-                out.append(i)
-        ukeys, ugroups = self._unseen_candidates(k - len(out))
-        heap, stamp, pop = self.heap, self.stamp, heapq.heappop
-        orders, positions = self.unseen_order, self.unseen_pos
-        j, nu = 0, len(ukeys)
-        while len(out) < k:
-            while heap and (state[heap[0][2]] != HEAP or stamp[heap[0][2]] != heap[0][1]):
-                pop(heap)  # stale entry: lazy invalidation
-            if heap and (j >= nu or -heap[0][0] >= ukeys[j]):
-                i = pop(heap)[2]
-            elif j < nu:
-                g = ugroups[j]
-                j += 1
-                i = orders[g][positions[g]]
-                positions[g] += 1
-            else:
-                break
-            state[i] = IN_FLIGHT
-            out.append(i)
-        if len(out) < k:
-            out += self._retest_early(k - len(out))
+        """Up to k problems: due retests within the cap, the never-tried floor, then the
+        clocks; retests beyond the cap only when nothing else is choosable. ``busy`` is not
+        needed (the sampler tracks what is in flight); kept for parity with the uniform one."""
+        total = self.dispatched + k
+        out = self._due_retests(min(k, math.floor(self.cfg.retest_cap * total) - self.retests_dispatched))
+        out += self._unseen_floor(min(k - len(out), math.ceil(self.cfg.unseen_share * total) - self.unseen_dispatched))
+        out += self._from_clocks(k - len(out))
+        out += self._retest_early(k - len(out))
         self.dispatched += len(out)
         return out
 
-    def _retest_early(self, k: int) -> list[int]:
-        """When heap and unseen problems are used up (a small pool, mostly solved or
-        hopeless), pooled problems are retested now, longest-untested first, alternating
-        between the pools, rather than leaving the generators idle until the next round."""
+    def _due_retests(self, k: int) -> list[int]:
         out: list[int] = []
-        pools = [(pool_id, pool) for pool_id, pool in self.pools.items()]
+        while len(out) < k and self.retest_queue:
+            i = self.retest_queue.popleft()
+            if self.state[i] == QUEUED:
+                out.append(self._take(i, retest=True))
+        return out
+
+    def _unseen_floor(self, k: int) -> list[int]:
+        """Never-tried problems, one group after another."""
+        out: list[int] = []
+        while len(out) < k:
+            groups = [g for g in range(self.num_groups) if self.unseen_left(g)]
+            if not groups:
+                break
+            g = groups[self.unseen_cursor % len(groups)]
+            self.unseen_cursor += 1
+            out.append(self._take_unseen(g))
+        return out
+
+    def _from_clocks(self, k: int) -> list[int]:
+        out: list[int] = []
+        heap, stamp, state = self.heap, self.stamp, self.state
+        while len(out) < k and heap:
+            key, st, ident = heapq.heappop(heap)
+            if ident >= 0 and (state[ident] != HEAP or stamp[ident] != st):
+                continue  # stale entry: lazy invalidation
+            if ident < 0 and (st != self.group_stamp[-ident - 1] or not self.unseen_left(-ident - 1)):
+                continue
+            if self.cfg.mode == "gumbel":
+                self.now = max(self.now, key)
+            out.append(self._take(ident) if ident >= 0 else self._take_unseen(-ident - 1))
+        return out
+
+    def _retest_early(self, k: int) -> list[int]:
+        """When nothing else is choosable (a small pool, mostly solved or hopeless): queued
+        retests, then the pools, longest-untested first, alternating between the pools."""
+        out = self._due_retests(k)
+        pools = list(self.pools.items())
         while len(out) < k and any(pool for _, pool in pools):
             for pool_id, pool in pools:
                 while pool and self.state[pool[0]] != pool_id:
                     pool.popleft()  # left the pool already (retired, or queued)
                 if pool and len(out) < k:
-                    i = pool.popleft()
-                    self.state[i] = IN_FLIGHT
-                    self.retests_dispatched += 1
-                    out.append(i)
+                    out.append(self._take(pool.popleft(), retest=True))
         return out
 
-    def _unseen_candidates(self, need: int) -> tuple[list[float], list[int]]:
-        """The best ``need`` keys among all unseen problems, (keys descending, group of each).
+    def _take(self, i: int, retest: bool = False) -> int:
+        self.state[i] = IN_FLIGHT
+        self.retests_dispatched += retest
+        return i
 
-        Unseen problems of a group share one priority; in gumbel mode the top keys of its
-        m members are drawn at once from the order statistics of m Gumbels
-        (prl.formulas.top_gumbel_keys_of_equals)."""
-        if need <= 0:
-            return [], []
-        keys, groups = [], []
-        for g in range(self.num_groups):
-            m = len(self.unseen_order[g]) - self.unseen_pos[g]
-            if m <= 0:
-                continue
-            r = min(need, m)
-            prio = max(self.unseen_priority(g), 1e-12)
-            if self.cfg.mode == "greedy":
-                keys.append(np.full(r, prio))
-            else:
-                keys.append(top_gumbel_keys_of_equals(math.log(prio), m, r, self.rng))
-            groups.append(np.full(r, g))
-        if not keys:
-            return [], []
-        keys_a, groups_a = np.concatenate(keys), np.concatenate(groups)
-        top = np.argsort(-keys_a, kind="stable")[:need]
-        return keys_a[top].tolist(), groups_a[top].tolist()
+    def _take_unseen(self, g: int) -> int:
+        i = self.unseen_order[g][self.unseen_pos[g]]
+        self.unseen_pos[g] += 1
+        self.unseen_dispatched += 1
+        self._arm_groups([g])  # one fewer never-tried problem: the group's clock rate changed
+        return self._take(i)
 
     def observe(self, i: int, rewards, version: int) -> None:
         """Record one returned group's rewards for problem i."""
@@ -173,18 +195,31 @@ class PrioritySampler:
         idx = np.asarray(idx, dtype=np.int64)
         solved = np.asarray(solved, dtype=np.float32)
         attempts = np.asarray(attempts, dtype=np.float32)
-        if self.cfg.half_life_versions > 0:
+        self.version = max(self.version, version)
+        if self.cfg.half_life_versions > 0:  # stored counts are brought to this version before adding
             elapsed = np.maximum(version - self._updated_at_np[idx], 0)
             factor = decay_factor(elapsed, self.cfg.half_life_versions)
             self._successes_np[idx] *= factor
             self._attempts_np[idx] *= factor
-            self._updated_at_np[idx] = np.maximum(self._updated_at_np[idx], version)
+        self._updated_at_np[idx] = np.maximum(self._updated_at_np[idx], version)
+        self._count_first_groups(idx, solved, attempts)
         np.add.at(self._successes_np, idx, solved)
         np.add.at(self._attempts_np, idx, attempts)
-        groups = self._group_np[idx]
-        self.group_successes += np.bincount(groups, solved, self.num_groups)
-        self.group_attempts += np.bincount(groups, attempts, self.num_groups)
         self._last_tested_np[idx] = version
+        self._route(idx, solved, attempts)
+
+    def _count_first_groups(self, idx, solved, attempts) -> None:
+        first = self._last_tested_np[idx] < 0
+        if first.any():
+            groups = self._group_np[idx[first]]
+            self.group_successes += np.bincount(groups, solved[first], self.num_groups)
+            self.group_attempts += np.bincount(groups, attempts[first], self.num_groups)
+            if self.cfg.prior == "group":
+                self._arm_groups(np.unique(groups).tolist())
+
+    def _route(self, idx, solved, attempts) -> None:
+        """All solved (all failed) ``retest_after`` times in a row: to the solved (unsolved)
+        pool; otherwise back to the heap with a fresh clock."""
         streak = self._streak_np[idx].astype(np.int16)
         all_solved, all_failed = solved == attempts, solved == 0
         streak = np.where(all_solved, np.where(streak > 0, streak + 1, 1),
@@ -194,8 +229,7 @@ class PrioritySampler:
         for pool, members in ((SOLVED, idx[streak >= k]), (UNSOLVED, idx[streak <= -k])):
             self._state_np[members] = pool
             self.pools[pool].extend(members.tolist())  # after its test: longest-untested first
-        back = idx[(streak > -k) & (streak < k)]
-        self._push_many(back)
+        self._arm(idx[(streak > -k) & (streak < k)])
 
     def retire(self, i: int) -> None:
         """Never choose problem i again (it cannot be served); it leaves heap and pools lazily."""
@@ -204,14 +238,22 @@ class PrioritySampler:
     def release(self, i: int) -> None:
         """A dispatch abandoned without a result: the problem becomes choosable again."""
         if self.state[i] == IN_FLIGHT:
-            self._to_heap(i)
+            self._arm(np.asarray([i]))
 
     def on_version(self, version: int) -> None:
-        """The learner's version moved: queue retests when a retest interval has passed."""
-        self.version = max(self.version, version)
-        if not self.cfg.retest or self.version - self.last_retest_version < self.cfg.retest_interval:
+        """The learner's version moved: decayed rates change (clocks are reset), and retests
+        are queued when a retest interval has passed."""
+        if version <= self.version:
             return
-        self.last_retest_version = self.version
+        self.version = version
+        if self.cfg.half_life_versions > 0:
+            self._arm(np.flatnonzero((self._state_np == HEAP) & (self._last_tested_np >= 0)))
+        if self.cfg.retest and self.version - self.last_retest_version >= self.cfg.retest_interval:
+            self.last_retest_version = self.version
+            self._queue_retests()
+        self._compact()
+
+    def _queue_retests(self) -> None:
         for pool_id, pool in self.pools.items():
             live = [i for i in pool if self.state[i] == pool_id]
             pool.clear()
@@ -220,38 +262,49 @@ class PrioritySampler:
                 i = pool.popleft()
                 self.state[i] = QUEUED
                 self.retest_queue.append(i)
-        self._compact()
 
-    # -- internals ------------------------------------------------------------------
-    def _to_heap(self, i: int) -> None:
-        self._push_many(np.asarray([i]))
+    # -- clocks ---------------------------------------------------------------------
+    def _keys(self, rates: np.ndarray) -> np.ndarray:
+        """Heap keys (smallest pops first): the ring time of a fresh clock, or -priority."""
+        rates = np.maximum(rates, MIN_RATE)
+        return -rates if self.cfg.mode == "greedy" else exponential_clock(self.now, rates, self.rng)
 
-    def _push_many(self, idx: np.ndarray) -> None:
-        """(Re)insert problems into the heap with fresh stamps and keys."""
+    def _arm(self, idx: np.ndarray) -> None:
+        """(Re)insert problems into the heap with fresh stamps and clocks."""
         if not len(idx):
             return
         self._state_np[idx] = HEAP
         stamps = self._stamp_np[idx] + np.uint32(1)
         self._stamp_np[idx] = stamps
-        prio = self.priorities(idx)
-        keys = prio if self.cfg.mode == "greedy" else gumbel_keys(np.log(np.maximum(prio, 1e-12)), self.rng)
         push, heap = heapq.heappush, self.heap
-        for entry in zip((-keys).tolist(), stamps.tolist(), idx.tolist()):
+        for entry in zip(self._keys(self.priorities(idx)).tolist(), stamps.tolist(), idx.tolist()):
             push(heap, entry)
+
+    def _arm_groups(self, groups) -> None:
+        """Reset the clock of each group's never-tried problems: rate m w for m problems of
+        priority w (greedy: the priority w)."""
+        for g in groups:
+            m = self.unseen_left(g)
+            self.group_stamp[g] += 1
+            if m:
+                w = self.unseen_priority(g)
+                key = float(self._keys(np.asarray([w if self.cfg.mode == "greedy" else m * w]))[0])
+                heapq.heappush(self.heap, (key, self.group_stamp[g], -g - 1))
 
     def _compact(self) -> None:
         """Drop stale heap entries once they outnumber live ones (bounds memory)."""
         live = int((self._state_np == HEAP).sum())
-        if len(self.heap) < max(1024, 2 * live):
+        if len(self.heap) < max(1024, 2 * live + 2 * self.num_groups):
             return
         state, stamp = self.state, self.stamp
-        self.heap = [e for e in self.heap if state[e[2]] == HEAP and stamp[e[2]] == e[1]]
+        self.heap = [e for e in self.heap if (e[2] >= 0 and state[e[2]] == HEAP and stamp[e[2]] == e[1])
+                     or (e[2] < 0 and e[1] == self.group_stamp[-e[2] - 1])]
         heapq.heapify(self.heap)
 
     # -- state and metrics ----------------------------------------------------------
     def pool_sizes(self) -> dict[str, int]:
         st = self._state_np
-        unseen = sum(len(o) - p for o, p in zip(self.unseen_order, self.unseen_pos))
+        unseen = sum(self.unseen_left(g) for g in range(self.num_groups))
         return {
             "heap": int((st == HEAP).sum()) - unseen,
             "unseen": unseen,
@@ -263,17 +316,8 @@ class PrioritySampler:
         }
 
     def metrics(self) -> dict:
-        return {**self.pool_sizes(), "retest_share": self.retests_dispatched / max(1, self.dispatched)}
-
-    def priorities(self, idx: np.ndarray | None = None) -> np.ndarray:
-        """Current priority p(1-p) of problems ``idx`` (default: all), vectorised."""
-        sel = slice(None) if idx is None else idx
-        if self.cfg.prior == "group":
-            rates = success_estimate(self.group_successes, self.group_attempts, 1.0, 1.0)[self._group_np[sel]]
-            a, b = self.cfg.pseudo_count * rates, self.cfg.pseudo_count * (1 - rates)
-        else:
-            a, b = self.cfg.alpha, self.cfg.beta
-        return bernoulli_variance(success_estimate(self._successes_np[sel], self._attempts_np[sel], a, b))
+        return {**self.pool_sizes(), "retest_share": self.retests_dispatched / max(1, self.dispatched),
+                "never_dispatched_share": sum(self.unseen_left(g) for g in range(self.num_groups)) / max(1, self.n)}
 
     def success_rates(self) -> np.ndarray:
         """Observed success rate of every tested problem (NaN where untested)."""
@@ -290,6 +334,7 @@ class PrioritySampler:
             "group_attempts": self.group_attempts.copy(),
             "unseen_order": {str(g): np.asarray(o, dtype=np.int32) for g, o in enumerate(self.unseen_order)},
             "unseen_pos": list(self.unseen_pos),
+            "group_stamp": list(self.group_stamp),
             "heap_keys": heap[:, 0].copy(),
             "heap_stamps": heap[:, 1].astype(np.int64),
             "heap_problems": heap[:, 2].astype(np.int64),
@@ -297,7 +342,9 @@ class PrioritySampler:
             "unsolved_pool": np.asarray(self.pools[UNSOLVED], dtype=np.int64),
             "retest_queue": np.asarray(self.retest_queue, dtype=np.int64),
             "rng": self.rng.bit_generator.state,
-            "counters": [self.version, self.last_retest_version, self.dispatched, self.retests_dispatched],
+            "virtual_time": self.now,
+            "counters": [self.version, self.last_retest_version, self.dispatched, self.retests_dispatched,
+                         self.unseen_dispatched, self.unseen_cursor],
         }
 
     def load_state_dict(self, st: dict) -> None:
@@ -308,11 +355,20 @@ class PrioritySampler:
         self.unseen_order = [array("i", np.asarray(st["unseen_order"][str(g)], dtype=np.int32).tobytes())
                              for g in range(self.num_groups)]
         self.unseen_pos = list(st["unseen_pos"])
-        self.heap = list(zip(np.asarray(st["heap_keys"]).tolist(), np.asarray(st["heap_stamps"]).tolist(),
-                             np.asarray(st["heap_problems"]).tolist()))
-        heapq.heapify(self.heap)
         self.pools = {SOLVED: deque(np.asarray(st["solved_pool"]).tolist()),
                       UNSOLVED: deque(np.asarray(st["unsolved_pool"]).tolist())}
         self.retest_queue = deque(np.asarray(st["retest_queue"]).tolist())
         self.rng.bit_generator.state = st["rng"]
-        self.version, self.last_retest_version, self.dispatched, self.retests_dispatched = st["counters"]
+        counters = list(st["counters"]) + [0] * (6 - len(st["counters"]))
+        (self.version, self.last_retest_version, self.dispatched, self.retests_dispatched,
+         self.unseen_dispatched, self.unseen_cursor) = counters
+        if "virtual_time" in st:
+            self.now = float(st["virtual_time"])
+            self.group_stamp = list(st["group_stamp"])
+            self.heap = list(zip(np.asarray(st["heap_keys"]).tolist(), np.asarray(st["heap_stamps"]).tolist(),
+                                 np.asarray(st["heap_problems"]).astype(int).tolist()))
+            heapq.heapify(self.heap)
+        else:  # a snapshot from before the clocks: fresh clocks for everything choosable
+            self.heap = []
+            self._arm(np.flatnonzero((self._state_np == HEAP) & (self._last_tested_np >= 0)))
+            self._arm_groups(range(self.num_groups))

@@ -85,12 +85,14 @@ class PriorityConfig(Section):
     alpha: float = Field(1.0, gt=0, description="Flat prior successes.")
     beta: float = Field(1.0, gt=0, description="Flat prior failures.")
     pseudo_count: float = Field(2.0, gt=0, description="Weight, in attempts, of the group's pooled rate (prior = group).")
-    half_life_versions: float = Field(0.0, ge=0, description="Exponential decay of old outcomes, in policy versions (0: none).")
-    mode: Literal["greedy", "gumbel"] = Field("gumbel", description="greedy: highest priority first; gumbel: sample in proportion to priority.")
+    half_life_versions: float = Field(0.0, ge=0, description="Exponential decay of old outcomes, in policy versions (0: none); applied when priorities are read, so a problem without new results drifts back to its prior.")
+    mode: Literal["greedy", "gumbel"] = Field("gumbel", description="greedy: highest priority first; gumbel: each pick in proportion to priority among the problems choosable then (exponential clocks).")
     retest: bool = Field(True, description="Move always-solved / always-failed problems to retest pools.")
     retest_after: int = Field(1, ge=1, le=100, description="Consecutive all-solved (all-failed) groups that move a problem to a pool.")
     retest_interval: int = Field(10, ge=1, description="Learner versions between retest rounds.")
-    retest_share: float = Field(0.1, gt=0, le=1, description="Share of each pool dispatched again per retest round (longest-untested first).")
+    retest_share: float = Field(0.1, gt=0, le=1, description="Share of each pool queued for retest per retest round (longest-untested first).")
+    retest_cap: float = Field(0.2, ge=0, le=1, description="Retests take at most this share of all dispatches (more only when nothing else is choosable).")
+    unseen_share: float = Field(0.1, ge=0, le=1, description="At least this share of dispatches goes to never-tried problems while any remain, round-robin over groups (no problem starves).")
 
 
 class ReplayConfig(Section):

@@ -36,13 +36,16 @@ def test_gumbel_top_k_samples_in_proportion_to_weight():
     assert firsts / firsts.sum() == pytest.approx(weights / weights.sum(), abs=0.015)
 
 
-def test_top_keys_of_equal_weights_match_sorting_all_of_them():
-    """The r largest of m equal-weight Gumbel keys, drawn directly, have the distribution of
-    sorting m draws (compared by mean and spread of the largest and the third largest)."""
+def test_the_next_exponential_clock_to_ring_is_proportional_to_its_rate_whatever_it_has_waited():
+    """Clocks set at different times: the next ring still follows the rates (memorylessness)."""
     rng = np.random.default_rng(1)
-    direct = np.array([f.top_gumbel_keys_of_equals(0.0, 50, 3, rng) for _ in range(5000)])
-    sorted_all = np.array([np.sort(rng.gumbel(size=50))[::-1][:3] for _ in range(5000)])
-    assert np.all(np.diff(direct, axis=1) <= 0)
-    for j in (0, 2):
-        assert direct[:, j].mean() == pytest.approx(sorted_all[:, j].mean(), abs=0.05)
-        assert direct[:, j].std() == pytest.approx(sorted_all[:, j].std(), abs=0.05)
+    rates = np.array([1.0, 2.0, 7.0])
+    wins = np.zeros(3)
+    for _ in range(20_000):
+        old = f.exponential_clock(0.0, rates[:2], rng)  # two clocks set long ago...
+        now = 0.3
+        alive = old > now  # ...that have not rung by now
+        rings = np.concatenate([np.where(alive, old, np.inf), f.exponential_clock(now, rates[2:], rng)])
+        if alive.all():
+            wins[np.argmin(rings)] += 1
+    assert wins / wins.sum() == pytest.approx(rates / rates.sum(), abs=0.015)

@@ -4,6 +4,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,11 +39,12 @@ def test_in_flight_problem_never_dispatched_twice(seq, mode, prior, seed):
 
 
 def test_pooled_problems_are_retested_within_the_stated_bound():
-    """A pooled problem is dispatched again within retest_interval * ceil(1/retest_share)
-    versions (given dispatch capacity): nothing starves, easy or hard."""
-    interval, share = 3, 0.25
-    bound = interval * math.ceil(1 / share)
-    s = sampler(n=60, retest_interval=interval, retest_share=share)
+    """A pooled problem is queued again within retest_interval * ceil(1/retest_share)
+    versions, and the queue is served at retest_cap of the dispatches: it is dispatched again
+    within that plus pool size / (retest_cap x dispatches per version). Nothing starves."""
+    interval, share, cap, per_version, pooled = 3, 0.25, 0.2, 8, 40
+    bound = interval * math.ceil(1 / share) + math.ceil(pooled / (cap * per_version))
+    s = sampler(n=60, retest_interval=interval, retest_share=share, retest_cap=cap)
     truth = np.arange(60) % 3  # 0: always solved, 1: never solved, 2: mixed
     last = {}
     for version in range(1, 200):
@@ -115,3 +117,90 @@ def test_group_prior_moves_unseen_priority():
         if s.group[i] == 0:
             s.observe(i, [0.0] * 8, 0)  # group 0 looks hopeless
     assert s.unseen_priority(0) < before
+
+
+def steady_state_picks(s, rates, calls: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(observed picks, expected picks) per problem over ``calls`` calls of 1-4 picks, each
+    result returned at once with the problem's own success rate (so priorities stay put)."""
+    observed, expected = np.zeros(len(rates)), np.zeros(len(rates))
+    for _ in range(calls):
+        k = int(rng.integers(1, 5))
+        available = np.flatnonzero(s._state_np == 0)
+        w = s.priorities(available)
+        expected[available] += k * w / w.sum()
+        picks = s.next(k)
+        observed[picks] += 1
+        s.observe_many(picks, [round(8 * rates[i]) for i in picks], [8] * len(picks), 0)
+    return observed, expected
+
+
+def test_picks_follow_priority_in_steady_state_whatever_the_call_size():
+    """After a long history, many small calls pick each problem in proportion to its priority
+    among the problems choosable then: total-variation distance <= 0.05."""
+    rng = np.random.default_rng(0)
+    n = 60
+    rates = np.linspace(0.02, 0.98, n)
+    s = sampler(n=n, groups=1, prior="flat", retest=False, unseen_share=0.0)
+    picks = s.next(n)
+    s.observe_many(picks, [round(800 * rates[i]) for i in picks], [800] * n, 0)  # well-known problems
+    steady_state_picks(s, rates, 3000, rng)  # history
+    observed, expected = steady_state_picks(s, rates, 6000, rng)
+    tv = 0.5 * np.abs(observed / observed.sum() - expected / expected.sum()).sum()
+    assert tv <= 0.05, tv
+
+
+def test_retests_take_at_most_their_cap_of_dispatches():
+    """With half the pool solved or hopeless and a retest round every version, retests stay
+    within retest_cap of all dispatches while other problems are choosable."""
+    n, cap = 2000, 0.2
+    s = sampler(n=n, groups=4, retest_interval=1, retest_share=1.0, retest_cap=cap)
+    truth = np.arange(n) % 2  # 0: mixed, 1: always solved
+    for version in range(1, 300):
+        s.on_version(version)
+        picks = s.next(16)
+        s.observe_many(picks, [8 if truth[i] else 4 for i in picks], [8] * len(picks), version)
+    assert s.metrics()["retest_share"] <= cap + 1e-9
+    assert s.metrics()["retest_queued"] > 0  # the cap held retests back
+
+
+def test_every_problem_is_dispatched_within_the_floor_bound_whatever_its_group():
+    """Groups of very different success (never, rarely, half, always solved) and sizes: with
+    unseen_share of the dispatches reserved for never-tried problems, all of them are tried
+    within pool / (unseen_share x dispatches per round) rounds, even when the group prior
+    makes a group look hopeless."""
+    sizes, per_round, share = [400, 300, 50, 250], 10, 0.1
+    groups = np.repeat(np.arange(4), sizes)
+    success = np.array([0.0, 0.02, 0.5, 1.0])[groups]
+    s = PrioritySampler(groups, PriorityConfig(prior="group", unseen_share=share), seed=0)
+    rng = np.random.default_rng(0)
+    bound = math.ceil(len(groups) / (share * per_round))
+    for version in range(bound):
+        s.on_version(version)
+        picks = s.next(per_round)
+        s.observe_many(picks, [rng.binomial(8, success[i]) for i in picks], [8] * len(picks), version)
+        if s.metrics()["never_dispatched_share"] == 0:
+            break
+    assert s.metrics()["never_dispatched_share"] == 0, (version, s.metrics())
+
+
+def test_retesting_a_hopeless_groups_problems_does_not_move_its_prior():
+    s = sampler(n=8, groups=2, prior="group", retest_interval=1, retest_share=1.0, unseen_share=0.0)
+    first = s.next(8)
+    s.observe_many(first, [0 if s.group[i] == 0 else 4 for i in first], [8] * 8, 0)
+    before = s.unseen_priority(0), s.group_rate(0)
+    for version in range(1, 20):  # the hopeless group's problems are retested again and again
+        s.on_version(version)
+        picks = s.next(8)
+        s.observe_many(picks, [0 if s.group[i] == 0 else 4 for i in picks], [8] * len(picks), version)
+    assert (s.unseen_priority(0), s.group_rate(0)) == before
+
+
+def test_decay_on_read_brings_a_problem_without_results_back_to_its_prior():
+    s = sampler(n=2, groups=1, prior="flat", retest=False, half_life_versions=5.0, unseen_share=0.0)
+    picks = s.next(2)
+    s.observe_many(picks, [8, 8], [8, 8], 0)  # both look solved: low priority
+    low = s.priority(picks[0])
+    s.on_version(10)  # two half-lives, no new result
+    mid = s.priority(picks[0])
+    s.on_version(50)
+    assert low < mid < s.priority(picks[0]) <= 0.25 and s.priority(picks[0]) == pytest.approx(0.25, abs=0.01)
