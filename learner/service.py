@@ -63,7 +63,8 @@ class Learner(Service):
             self.source = FileSource(cfg.learner.batches_from) if cfg.learner.batches_from else \
                 TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
             self.announce()
-        if cfg.learner.eval_every and self.heldout and self.version == 0:
+        self.next_eval_rollouts, self.evaluated_at = cfg.learner.eval_every_rollouts, -1
+        if (cfg.learner.eval_every or cfg.learner.eval_every_rollouts) and self.heldout and self.version == 0:
             self.evaluate()
 
     def resume_and_shard(self) -> None:
@@ -186,9 +187,18 @@ class Learner(Service):
         if self.is_main:
             self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3),
                           rollouts=len(usable), batch_seq=batch.seq, batch_id=batch.batch_id, stale=stale, repeats=repeats)
-        every = self.cfg.learner.eval_every
-        if every and self.heldout and (self.version % every == 0 or self.version >= self.cfg.learner.max_steps):
+        if self.heldout and self.evaluation_due():
             self.evaluate()
+
+    def evaluation_due(self) -> bool:
+        """Every eval_every steps (and at the last), or every eval_every_rollouts generated."""
+        cfg = self.cfg.learner
+        if cfg.eval_every_rollouts:
+            due = self.rollouts_generated >= self.next_eval_rollouts
+            while self.next_eval_rollouts <= self.rollouts_generated:
+                self.next_eval_rollouts += cfg.eval_every_rollouts
+            return due or self.version >= cfg.max_steps
+        return bool(cfg.eval_every) and (self.version % cfg.eval_every == 0 or self.version >= cfg.max_steps)
 
     def usable_rollouts(self, batch: TrainBatch) -> tuple[list, int, int]:
         """(rollouts to train on, stale dropped, repeats dropped): older than tau_max at this
@@ -232,7 +242,7 @@ class Learner(Service):
         acc["eval_seconds"] = time.perf_counter() - t0
         self.emit({f"eval/{k}": v for k, v in acc.items()}, step=self.version, rollouts_generated=self.rollouts_generated)
         self.log.info("heldout", step=self.version, **{k: round(v, 3) for k, v in acc.items()})
-        self.last_eval = acc
+        self.last_eval, self.evaluated_at = acc, self.version
         return acc
 
     def gauges(self) -> dict:

@@ -42,6 +42,7 @@ class Composition:
     stale_by_band: dict[str, int] = field(default_factory=dict)
     replay_drawn: int = 0
     zero_signal_dropped: int = 0
+    stale_completion_tokens: tuple[int, int] = (0, 0)  # (tokens, rollouts) of the fresh rollouts dropped as too old
 
 
 def compose_batch(
@@ -61,6 +62,8 @@ def compose_batch(
     ``learner_version`` (the version that will train the batch) and, if any, a replayed
     share drawn from ``buffer`` after its stale rollouts are evicted."""
     fresh_groups, stale, zero_signal = sort_fresh(groups, learner_version, tau_max, drop_zero_signal)
+    stale_rollouts = [r for g in groups if rollout_age(learner_version, g.policy_version) > tau_max for r in g.rollouts]
+    stale_tokens = (sum(len(r.completion_ids) for r in stale_rollouts), len(stale_rollouts))
     kept, leftover, tokens = fit_token_budget(fresh_groups, max_tokens)
     fresh = [r for g in kept for r in train_rollouts(g)]
     replay: list[TrainRollout] = []
@@ -70,9 +73,9 @@ def compose_batch(
             replay = draw_replay(buffer, round(replay_ratio * len(fresh)), max_tokens - tokens)
         buffer.insert(fresh, [group_band(g) for g in kept for _ in g.rollouts])  # after the draw: never twice in one batch
     if not fresh:
-        return Composition(None, leftover, stale, zero_signal_dropped=zero_signal)
+        return Composition(None, leftover, stale, zero_signal_dropped=zero_signal, stale_completion_tokens=stale_tokens)
     batch = TrainBatch(uuid.uuid4().hex, seq, learner_version, rollouts_generated, fresh + replay, time.time())
-    return Composition(batch, leftover, stale, len(replay), zero_signal)
+    return Composition(batch, leftover, stale, len(replay), zero_signal, stale_tokens)
 
 
 def group_band(group: RolloutGroup) -> int:

@@ -46,6 +46,8 @@ class ReplayBuffer:
         self.evicted_capacity = np.zeros(len(BANDS), dtype=np.int64)
         self.times_drawn = np.zeros(capacity, dtype=np.int32)
         self.evicted_never_drawn = 0
+        self.tokens = np.zeros(capacity, dtype=np.int32)  # completion length of each slot
+        self.evicted_tokens = 0  # completion tokens of the rollouts evicted by age (is it the long ones?)
 
     def __len__(self) -> int:
         return int(self.alive.sum())
@@ -64,6 +66,7 @@ class ReplayBuffer:
         self.version[slots] = [r.policy_version for r in rollouts]
         self.log_priority[slots] = replay_log_priority([r.advantage for r in rollouts], self.alpha, self.eps)
         self.band[slots] = bands
+        self.tokens[slots] = [len(r.completion_ids) for r in rollouts]
         self.alive[slots] = True
         self.times_drawn[slots] = 0
         self.head = int((self.head + n) % self.capacity)
@@ -75,6 +78,7 @@ class ReplayBuffer:
         if count:
             np.add.at(self.evicted_stale, self.band[stale], 1)
             self.evicted_never_drawn += int((self.times_drawn[stale] == 0).sum())
+            self.evicted_tokens += int(self.tokens[stale].sum())
             self.alive[stale] = False
             self.items_clear(np.flatnonzero(stale))
         return count
@@ -103,7 +107,7 @@ class ReplayBuffer:
         live = order[self.alive[order]]
         arrays = {"band": self.band[live].copy(), "times_drawn": self.times_drawn[live].copy(),
                   "evicted_stale": self.evicted_stale.copy(), "evicted_capacity": self.evicted_capacity.copy()}
-        return {"arrays": arrays, "evicted_never_drawn": self.evicted_never_drawn,
+        return {"arrays": arrays, "evicted_never_drawn": self.evicted_never_drawn, "evicted_tokens": self.evicted_tokens,
                 "rng": self.rng.bit_generator.state}, [self.items[s] for s in live.tolist()]
 
     def load_state_dict(self, state: dict, rollouts: list[TrainRollout]) -> None:
@@ -115,12 +119,15 @@ class ReplayBuffer:
         self.evicted_stale[:] = arrays["evicted_stale"]
         self.evicted_capacity[:] = arrays["evicted_capacity"]
         self.evicted_never_drawn = state["evicted_never_drawn"]
+        self.evicted_tokens = state.get("evicted_tokens", 0)
         self.rng.bit_generator.state = state["rng"]
 
     def metrics(self, learner_version: int) -> dict:
         ages = self.ages(learner_version)
+        stale = int(self.evicted_stale.sum())
         out = {"size": len(ages), "age_mean": float(ages.mean()) if len(ages) else 0.0,
-               "evicted_never_drawn": self.evicted_never_drawn}
+               "evicted_never_drawn": self.evicted_never_drawn,
+               "evicted_completion_tokens_mean": self.evicted_tokens / stale if stale else 0.0}
         for i, name in enumerate(BANDS):
             out[f"evicted_stale/{name}"] = int(self.evicted_stale[i])
             out[f"evicted_capacity/{name}"] = int(self.evicted_capacity[i])

@@ -55,7 +55,10 @@ class Scheduler(Service):
         self.index = {p.id: i for i, p in enumerate(self.problems)}
         self.group_names = sorted({p.group_key for p in self.problems})
         group_index = {g: i for i, g in enumerate(self.group_names)}
-        self.sampler = make_sampler(cfg.scheduler, [group_index[p.group_key] for p in self.problems], cfg.run.seed)
+        labels = np.asarray([group_index[p.group_key] for p in self.problems])
+        if cfg.scheduler.priority.shuffle_groups:
+            labels = np.random.default_rng(cfg.run.seed).permutation(labels)
+        self.sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed)
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
@@ -186,11 +189,7 @@ class Scheduler(Service):
                 drop_zero_signal=self.cfg.filters_zero_variance,
             )
             self.fresh = comp.leftover + rest
-            if comp.zero_signal_dropped:
-                self.count("zero_signal_dropped", comp.zero_signal_dropped)
-            for band, n in comp.stale_by_band.items():
-                if n:
-                    self.count(f"stale_groups_dropped/{band}", n)
+            self.count_composition(comp)
             batch = comp.batch
             if batch is None:
                 continue
@@ -200,6 +199,21 @@ class Scheduler(Service):
                 self.snapshot(pending=batch)  # on storage before it is on the topic
             self.publish_batch(batch)
             self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
+
+    def count_composition(self, comp) -> None:
+        """What a composition dropped, and the completion lengths of what it trained and
+        dropped as too old (does the age rule favour short answers?)."""
+        if comp.zero_signal_dropped:
+            self.count("zero_signal_dropped", comp.zero_signal_dropped)
+        for band, n in comp.stale_by_band.items():
+            if n:
+                self.count(f"stale_groups_dropped/{band}", n)
+        self.count("stale_completion_tokens", comp.stale_completion_tokens[0])
+        self.count("stale_fresh_rollouts", comp.stale_completion_tokens[1])
+        if comp.batch is not None:
+            fresh = [r for r in comp.batch.rollouts if not r.is_replay]
+            self.count("trained_fresh_rollouts", len(fresh))
+            self.count("trained_completion_tokens", sum(len(r.completion_ids) for r in fresh))
 
     def publish_batch(self, batch: TrainBatch) -> None:
         self.send(BATCHES, batch)
@@ -298,6 +312,10 @@ class Scheduler(Service):
             "batch_replayed": sum(r.is_replay for r in batch.rollouts),
             **({f"replay/{k}": v for k, v in self.replay.metrics(self.learner_version).items()} if self.replay else {}),
             "in_flight": len(self.in_flight),
+            "completion_tokens/trained_mean": self.counters.get("trained_completion_tokens", 0)
+            / max(1, self.counters.get("trained_fresh_rollouts", 0)),
+            "completion_tokens/stale_dropped_mean": self.counters.get("stale_completion_tokens", 0)
+            / max(1, self.counters.get("stale_fresh_rollouts", 0)),
             **self.counters,
             **self.sampler.metrics(),
         }

@@ -66,7 +66,8 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     try:
         stopped_by_budget = train(learner, background, budget, _progress(cfg.learner.max_steps, learner.version) if progress else None)
         background.stop()
-        if stopped_by_budget and cfg.learner.eval_every and learner.heldout and learner.version % cfg.learner.eval_every:
+        evaluating = cfg.learner.eval_every or cfg.learner.eval_every_rollouts
+        if stopped_by_budget and evaluating and learner.heldout and learner.evaluated_at != learner.version:
             learner.evaluate()  # with the generators stopped, evaluation has the machine to itself
     finally:
         background.stop()

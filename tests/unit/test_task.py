@@ -5,6 +5,7 @@ def test_train_and_heldout_are_disjoint():
     train = addition.train_pool([80, 600, 600, 600], seed=0)
     held = addition.heldout_set(300, 4)
     assert not {p.id for p in train} & {p.id for p in held}
+    assert not {addition.unordered(p.id) for p in train} & {addition.unordered(p.id) for p in held}  # no swapped twins
     assert len({p.id for p in train}) == len(train)
 
 
