@@ -1,21 +1,27 @@
-"""`prl bench learning`: does prioritization learn faster? Every strategy on the built-in task
-with the tiny model, the same rollout budget and the same seeds, side by side.
+"""`prl bench learning`: does prioritization learn faster, and is it the method or a label?
+Every strategy and its controls on the same seeds and the same rollout budget, side by side.
 
-Strategies: uniform GRPO; the DAPO zero-variance filter (dynamic sampling: it generates
-until a batch is full of groups with a signal); problem priority p(1-p) with a flat prior
-without retest, with a flat prior and retest, with the group-shared prior and retest; and
-the full method (group prior, retest, rollout replay with tau_max). Every strategy but DAPO
-takes one optimizer step per ``groups_per_batch`` groups generated, so at an equal rollout
-budget they take the same number of steps and differ only in which problems they spend
-them on. The training pool (the task's default, 1,880 problems) is small enough that
-problems are revisited within the budget; the held-out set is disjoint from it.
+Strategies (all through the same scheduler, replay and learner):
+- ``uniform``: uniform problem choice, every group trained (the GRPO baseline);
+- ``dapo_filter``: uniform choice with DAPO's zero-variance filter and dynamic sampling
+  (generates until a batch is full of groups with a signal): the strongest cheap baseline;
+- ``priority_flat``: problem priority p(1-p) with a flat prior: no labels at all, on a training
+  pool small enough to be revisited several times within the budget (the seed method);
+- ``priority_group``: the same with the group prior (the task's difficulty label);
+- ``priority_shuffled``: the group prior with the labels permuted across problems: if it
+  does as well as ``priority_group``, the label carried nothing;
+- ``replay_alone``: uniform choice with rollout replay (tau_max, advantage priority);
+- ``naive_replay``: uniform choice with replay drawn uniformly from the buffer and no age rule;
+- ``full``: group prior, retest, rollout replay.
+Every strategy but DAPO takes one optimizer step per ``groups_per_batch`` groups generated.
+Every run is evaluated every ``--eval-every`` rollouts generated (not steps), so strategies
+are compared at equal generation cost. Reported: rollouts to each target (median over seeds,
+a seed that misses counts as beyond the budget), final accuracy, area under the accuracy-vs-
+rollouts curve, groups with signal, zero-signal rollouts, retest and never-dispatched shares,
+completion length of trained vs dropped-as-stale rollouts, and seed paper B's replay figures.
 
-Reported per strategy over seeds: rollouts (and training seconds, evaluation excluded) to
-reach the target held-out accuracy, final accuracy (min / median / max), the share of
-groups with reward variance, and the generation spent on zero-signal groups; learning
-curves as a PNG. Accuracy is a trailing mean over ``--smooth`` evaluations: the 1-digit
-block has only 19 held-out problems, so one of them moves a single evaluation's mean
-over 1-4 digits by 1.3 points.
+``--task chain_sum`` runs the comparison on the real model and task (examples/
+smollm2-chain-sum-cpu.toml, a fresh import and dataset), fewer seeds and strategies.
 """
 
 from __future__ import annotations
@@ -27,65 +33,74 @@ import statistics
 import sys
 import tempfile
 
+import numpy as np
+
 from benchmarks.common import write_json
 
+NO_REPLAY = "scheduler.replay.enabled=false"
 STRATEGIES = {
-    "uniform": ["scheduler.strategy='uniform'", "scheduler.replay.enabled=false"],
-    "dapo_filter": ["scheduler.strategy='dapo_filter'", "scheduler.replay.enabled=false"],
-    "priority_flat_no_retest": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='flat'",
-                                "scheduler.priority.retest=false", "scheduler.replay.enabled=false"],
-    "priority_flat_retest": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='flat'",
-                             "scheduler.replay.enabled=false"],
-    "priority_group_retest": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'",
-                              "scheduler.replay.enabled=false"],
+    "uniform": ["scheduler.strategy='uniform'", NO_REPLAY],
+    "dapo_filter": ["scheduler.strategy='dapo_filter'", NO_REPLAY],
+    "priority_flat": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='flat'", NO_REPLAY],
+    "priority_group": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", NO_REPLAY],
+    "priority_shuffled": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'",
+                          "scheduler.priority.shuffle_groups=true", NO_REPLAY],
+    "replay_alone": ["scheduler.strategy='uniform'", "scheduler.replay.enabled=true"],
+    "naive_replay": ["scheduler.strategy='uniform'", "scheduler.replay.enabled=true", "scheduler.replay.alpha=0.0",
+                     "scheduler.tau_max=1000000"],
     "full": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", "scheduler.replay.enabled=true"],
 }
 # The same for every strategy: 8 groups x 8 completions per step, AdamW lr 1e-4 (the tiny
-# model's working rate; 3e-5 learns too slowly to separate anything within a budget), the
-# task's default training pool, few checkpoints kept, no archive or snapshots.
+# model's working rate), few checkpoints kept, no archive or snapshots.
 SETTINGS = [
     "scheduler.groups_per_batch=8", "scheduler.max_in_flight=16", "learner.lr=1e-4", "learner.max_steps=100000",
-    "scheduler.archive=false", "scheduler.snapshot_every=0", "learner.keep_checkpoints=1",
+    "scheduler.archive=false", "scheduler.snapshot_every=0", "learner.keep_checkpoints=1", "learner.eval_every=0",
 ]
-# Seeds: the median of 3 is one seed, and two 3-seed runs put the crossing ratio on both
-# sides of its goal (0.50, 0.54); 5 seeds still fit in 30 minutes on 2 cores (18 min).
 MODES = {  # name: (seeds, rollout budget)
     "default": (5, 12_000),
     "long": (8, 24_000),
 }
+REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized)
+    "strategies": ["uniform", "dapo_filter", "full"], "seeds": 2, "budget": 2_000, "eval_every": 500,
+}
 
 
-def one_run(name: str, seed: int, budget: int, eval_every: int, heldout: int, pool: list[int], extra: list[str] = ()) -> dict:
-    from prl.metrics import read_metrics
+def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str], extra: list[str] = ()) -> dict:
     from prl.cli.run import run_pipeline
+    from prl.metrics import read_metrics
     from schemas.config import load_config
 
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = load_config(overrides=[
-            *SETTINGS, *STRATEGIES[name], f"run.run_dir='{run_dir}'", f"run.seed={seed}",
-            f"learner.eval_every={eval_every}", f"task.heldout_per_digit={heldout}", f"task.train_per_digit={pool}", *extra,
-        ])
+        cfg = load_config(overrides=[*base, *STRATEGIES[name], f"run.run_dir='{run_dir}'", f"run.seed={seed}",
+                                     f"learner.eval_every_rollouts={eval_every}", *extra])
         summary = run_pipeline(cfg, progress=False, max_rollouts=budget)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
+    return summarize_run(rows, summary, cfg.sampling.group_size)
+
+
+def summarize_run(rows: list[dict], summary: dict, group_size: int) -> dict:
     evals = [r for r in rows if "learner/eval/accuracy" in r]
     sched = [r for r in rows if r["service"] == "scheduler"][-1]
-    returned, with_signal = sched["scheduler/groups_returned"], sched["scheduler/signal_share"] * sched["scheduler/groups_returned"]
-    return {"curve": [(r["rollouts_generated"], r["learner/eval/accuracy"]) for r in evals],
-            "times": training_seconds(evals), "eval_steps": [r["step"] for r in evals],
-            "by_difficulty": {k.rsplit("_", 1)[-1]: [r[k] for r in evals] for k in evals[-1] if k.startswith("learner/eval/accuracy_")},
-            "start": evals[0]["learner/eval/accuracy"], "signal_share": sched["scheduler/signal_share"],
-            "zero_signal_rollouts": round((returned - with_signal) * cfg.sampling.group_size),
-            "rollouts": summary["rollouts_generated"], "seconds": summary["seconds"], "steps": summary["steps"]}
-
-
-def training_seconds(evals: list[dict]) -> list[float]:
-    """Wall seconds since the first evaluation at each evaluation, less the time spent
-    evaluating (the learner evaluates inline; a strategy that takes more steps evaluates more)."""
-    out, spent = [], 0.0
-    for i, r in enumerate(evals):
-        spent += r["learner/eval/eval_seconds"] if i else 0.0  # each row is written after its evaluation
-        out.append(r["time"] - evals[0]["time"] - spent)
-    return out
+    steps = [r for r in rows if "learner/loss" in r]
+    returned, share = sched["scheduler/groups_returned"], sched["scheduler/signal_share"]
+    replay_steps = [r for r in steps if r.get("learner/replay/clip_fraction") is not None]
+    return {
+        "curve": [(r["rollouts_generated"], r["learner/eval/accuracy"]) for r in evals],
+        "by_difficulty": {k.rsplit("_", 1)[-1]: [r[k] for r in evals] for k in evals[-1] if k.startswith("learner/eval/accuracy_")},
+        "start": evals[0]["learner/eval/accuracy"], "signal_share": share,
+        "zero_signal_rollouts": round(returned * (1 - share) * group_size),
+        "retest_share": sched.get("scheduler/retest_share", 0.0),
+        "never_dispatched_share": sched.get("scheduler/never_dispatched_share", float("nan")),
+        "problems_seen": sched.get("scheduler/problems_seen"),
+        "completion_tokens_trained": sched.get("scheduler/completion_tokens/trained_mean", float("nan")),
+        "completion_tokens_stale": sched.get("scheduler/completion_tokens/stale_dropped_mean", float("nan")),
+        "completion_tokens_replay_evicted": sched.get("scheduler/replay/evicted_completion_tokens_mean", float("nan")),
+        "replay_share": statistics.mean(r["learner/replay_share"] for r in steps) if steps else 0.0,
+        "replay_evicted_never_drawn": sched.get("scheduler/replay/evicted_never_drawn", 0),
+        "clip_fresh": statistics.mean(r.get("learner/fresh/clip_fraction", 0.0) for r in steps) if steps else 0.0,
+        "clip_replay": statistics.mean(r["learner/replay/clip_fraction"] for r in replay_steps) if replay_steps else None,
+        "rollouts": summary["rollouts_generated"], "seconds": summary["seconds"], "steps": summary["steps"],
+    }
 
 
 def smoothed(values: list[float], window: int) -> list[float]:
@@ -97,11 +112,6 @@ def smoothed(values: list[float], window: int) -> list[float]:
     return out
 
 
-def difficulty_finals(runs: list[dict], smooth: int) -> dict[str, float]:
-    """Median over seeds of each difficulty's smoothed final held-out accuracy."""
-    return {d: statistics.median(smoothed(r["by_difficulty"][d], smooth)[-1] for r in runs) for d in runs[0]["by_difficulty"]}
-
-
 def censored_median(values: list[float | None]) -> float | None:
     """Median where None means "not within the budget" (above every number); None if the
     median itself is not within it."""
@@ -111,122 +121,185 @@ def censored_median(values: list[float | None]) -> float | None:
     return None if None in mid else (mid[0] + mid[1]) / 2
 
 
-def crossing(run: dict, target: float) -> tuple[float | None, float | None]:
-    """Rollouts and training seconds at the first evaluation whose smoothed accuracy is at or above ``target``."""
-    for (x, _), acc, t in zip(run["curve"], run["smoothed"], run["times"]):
+def crossing(run: dict, target: float) -> float | None:
+    """Rollouts at the first evaluation whose smoothed accuracy is at or above ``target``."""
+    for (x, _), acc in zip(run["curve"], run["smoothed"]):
         if acc >= target:
-            return x, t
-    return None, None
+            return x
+    return None
 
 
-def curves_png(results: dict, out: str, target: float, smooth: int) -> None:
+def area_under_curve(run: dict, budget: int) -> float:
+    """Mean smoothed held-out accuracy over generation 0..budget (trapezoids; the curve held
+    at its last value to the budget): one number for "how good, how early"."""
+    xs = [x for x, _ in run["curve"]] + [budget]
+    ys = run["smoothed"] + [run["smoothed"][-1]]
+    keep = [(x, y) for x, y in zip(xs, ys) if x <= budget]
+    xs, ys = zip(*keep)
+    return float(np.trapezoid(ys, xs) / max(1, xs[-1] - xs[0]))
+
+
+def table(results: dict[str, list[dict]], targets: list[float], budget: int) -> dict:
+    out = {}
+    for name, runs in results.items():
+        finals = sorted(r["final"] for r in runs)
+        out[name] = {
+            **{f"rollouts_to_{t}": censored_median([crossing(r, t) for r in runs]) for t in targets},
+            **{f"reached_{t}": sum(crossing(r, t) is not None for r in runs) for t in targets},
+            "final_min": finals[0], "final_median": statistics.median(finals), "final_max": finals[-1],
+            "auc_median": statistics.median(area_under_curve(r, budget) for r in runs),
+            **{k: statistics.mean(r[k] for r in runs) for k in (
+                "signal_share", "zero_signal_rollouts", "retest_share", "never_dispatched_share", "steps", "seconds",
+                "completion_tokens_trained", "completion_tokens_stale", "replay_share", "clip_fresh")},
+            "clip_replay": (statistics.mean(r["clip_replay"] for r in runs if r["clip_replay"] is not None)
+                            if any(r["clip_replay"] is not None for r in runs) else None),
+        }
+    return out
+
+
+def goals(t: dict, targets: list[float]) -> list[str]:
+    """The issue's goals, each as a line with the figure: label-free priority against uniform,
+    shuffled labels against uniform, the full method against filtered uniform (DAPO)."""
+    lines = []
+    for target in targets:
+        key = f"rollouts_to_{target}"
+
+        def ratio(a, b):
+            return None if not (a in t and b in t and t[a][key] and t[b][key]) else t[a][key] / t[b][key]
+
+        for a, b, goal in (("priority_flat", "uniform", "<= 0.7"), ("priority_shuffled", "uniform", "<= 1.0"),
+                           ("full", "dapo_filter", "<= 0.6")):
+            r = ratio(a, b)
+            lines.append(f"target {target}: {a} / {b} rollouts {'-' if r is None else f'{r:.2f}'} (goal {goal})")
+    if "full" in t and "dapo_filter" in t:
+        diff = 100 * (t["full"]["final_median"] - t["dapo_filter"]["final_median"])
+        lines.append(f"final accuracy, full - dapo_filter (medians): {diff:+.1f} points (goal >= +3)")
+    return lines
+
+
+def print_table(t: dict, targets: list[float], budget: int, header: str) -> None:
+    print(header)
+    heads = "".join(f"{'to ' + str(x):>10}" for x in targets)
+    print(f"{'strategy':<19}{heads}{'final min/med/max':>20}{'AUC':>7}{'signal':>8}{'zero-sig':>9}{'retest':>8}"
+          f"{'unseen':>8}{'tok tr/stale':>13}{'steps':>7}")
+    for name, r in t.items():
+        cells = "".join(f"{'>' + format(budget, ',') if r[f'rollouts_to_{x}'] is None else format(r[f'rollouts_to_{x}'], ',.0f'):>10}"
+                        for x in targets)
+        print(f"{name:<19}{cells}{r['final_min']:>8.3f}/{r['final_median']:.3f}/{r['final_max']:.3f}{r['auc_median']:>7.3f}"
+              f"{r['signal_share']:>8.3f}{r['zero_signal_rollouts']:>9,.0f}{r['retest_share']:>8.3f}"
+              f"{r['never_dispatched_share']:>8.3f}{r['completion_tokens_trained']:>7.2f}/{r['completion_tokens_stale']:<5.2f}"
+              f"{r['steps']:>7.0f}")
+
+
+def curves_png(results: dict, out: str, targets: list[float], title: str) -> None:
     """Every seed's smoothed curve (thin) and the median over seeds (thick), per strategy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     from prl.plots import save_png
 
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = plt.subplots(figsize=(10, 5.5))
     end = max(run["curve"][-1][0] for runs in results.values() for run in runs)
     grid = np.linspace(0, end, 200)
     for i, (name, runs) in enumerate(results.items()):
         color = f"C{i}"
         for run in runs:
-            xs = [x for x, _ in run["curve"]]
-            ax.plot(xs, run["smoothed"], "-", color=color, lw=0.6, alpha=0.35)
+            ax.plot([x for x, _ in run["curve"]], run["smoothed"], "-", color=color, lw=0.6, alpha=0.3)
         median = np.median([np.interp(grid, [x for x, _ in r["curve"]], r["smoothed"]) for r in runs], axis=0)
-        ax.plot(grid, median, "-", color=color, lw=2.4 if name == "full" else 1.6, label=f"{name} (median of {len(runs)})")
-    ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.2f}")
+        ax.plot(grid, median, "-", color=color, lw=2.4 if name in ("full", "dapo_filter") else 1.4,
+                label=f"{name} (median of {len(runs)})")
+    for t in targets:
+        ax.axhline(t, color="grey", ls=":", lw=1)
     ax.set_xlabel("rollouts generated")
-    ax.set_ylabel(f"held-out accuracy, mean over 1-4 digits\n(trailing mean of {smooth} evaluations)")
-    ax.set_title("prl bench learning: every strategy, same seeds, same rollout budget")
+    ax.set_ylabel("held-out accuracy (trailing mean)")
+    ax.set_title(title)
     ax.legend(fontsize=7, ncol=2, loc="lower right")
     ax.grid(alpha=0.3)
     save_png(fig, out, 120)
 
 
+def real_task_base(task: str) -> list[str]:
+    """Overrides that run the example SmolLM2 config on a fresh import and a fresh dataset."""
+    from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
+    from prl.model_import import import_gguf
+    from prl.tasks.reasoning_gym import write_dataset
+    from schemas.config import load_config
+
+    tmp = tempfile.mkdtemp(prefix="prl-bench-learning-")
+    model = import_gguf("smollm2-135m-instruct", f"{tmp}/model", log=lambda *_: None).out_dir
+    data = write_dataset(task, TRAIN, TEST, seed=0, out_dir=f"{tmp}/data", settings=TASK_SETTINGS if task == "chain_sum" else {})
+    cfg = load_config(CONFIG)
+    return [f"model.path={json.dumps(model)}", "task.name='dataset'", f"task.train_path='{data.out_dir}/train.parquet'",
+            f"task.heldout_path='{data.out_dir}/test.parquet'", "producer.reward='producers.rewards:reasoning_gym'",
+            f"sampling.max_tokens={cfg.sampling.max_tokens}", f"learner.lr={cfg.learner.lr}", "learner.bf16_autocast=true"]
+
+
+def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: int) -> dict[str, list[dict]]:
+    from tqdm import tqdm
+
+    results: dict[str, list[dict]] = {}
+    with tqdm(total=len(strategies) * seeds, desc="runs", unit="run") as bar:
+        for seed in range(seeds):  # seed-major: a partial run still compares every strategy
+            for name in strategies:
+                run = one_run(name, seed, budget, args.eval_every, base, args.set)
+                run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
+                run["final"] = run["smoothed"][-1]
+                results.setdefault(name, []).append(run)
+                bar.set_postfix(strategy=name, acc=f"{run['final']:.3f}")
+                bar.update(1)
+    return results
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learning", description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 20 min on 2 cores); long: 8 seeds, 24k (about an hour)")
+    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 25 min on 2 cores); long: 8 seeds, 24k")
+    ap.add_argument("--task", help="a reasoning-gym task for the real model (e.g. chain_sum); default: the built-in task")
     ap.add_argument("--seeds", type=int, help="override the mode's seed count")
     ap.add_argument("--budget", type=int, help="rollouts generated per run (override the mode's)")
-    ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
-    ap.add_argument("--target", type=float, default=0.36, help="held-out accuracy to reach (smoothed)")
-    ap.add_argument("--eval-every", type=int, default=4, help="learner steps between evaluations")
+    ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES))
+    ap.add_argument("--targets", type=float, nargs="+", default=[0.45, 0.5], help="held-out accuracies to reach (smoothed)")
+    ap.add_argument("--eval-every", type=int, default=512, help="rollouts generated between evaluations")
     ap.add_argument("--smooth", type=int, default=3, help="evaluations in the trailing mean of the accuracy")
-    ap.add_argument("--heldout", type=int, default=200, help="held-out problems per difficulty (1-digit has 19 in all)")
-    ap.add_argument("--pool", default="[80, 600, 600, 600]", help="training problems per difficulty (revisited within the budget)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run (e.g. learner.lr=1e-4)")
-    ap.add_argument("--png", default="benchmarks/learning_curves.png")
+    ap.add_argument("--heldout", type=int, default=200, help="held-out problems per difficulty (built-in task)")
+    ap.add_argument("--pool", default="[20, 100, 100, 100]", help="training problems per difficulty (built-in task; "
+                    "small enough to be revisited several times within the budget)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
+    ap.add_argument("--png", default="docs/bench-learning-curves.png")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
 
-    from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
     from prl import logs
 
     logs.configure("console", "warning")
     hf_logging.disable_progress_bar()
-    seeds, budget = MODES[args.mode]
+    seeds, budget = (REAL["seeds"], REAL["budget"]) if args.task else MODES[args.mode]
     seeds, budget = args.seeds or seeds, args.budget or budget
-    pool = json.loads(args.pool)
-    results: dict[str, list[dict]] = {}
-    with tqdm(total=len(args.strategies) * seeds, desc="runs", unit="run") as bar:
-        for name in args.strategies:
-            for seed in range(seeds):
-                run = one_run(name, seed, budget, args.eval_every, args.heldout, pool, args.set)
-                run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
-                run["final"] = run["smoothed"][-1]  # the accuracy the run ends with
-                results.setdefault(name, []).append(run)
-                bar.set_postfix(strategy=name, acc=f"{results[name][-1]['final']:.3f}")
-                bar.update(1)
-
-    table = {}
-    for name, runs in results.items():
-        hits = [crossing(r, args.target) for r in runs]
-        finals = sorted(r["final"] for r in runs)
-        table[name] = {
-            "reached": f"{sum(h[0] is not None for h in hits)}/{len(runs)}",
-            "rollouts_to_target_median": censored_median([h[0] for h in hits]),
-            "seconds_to_target_median": censored_median([h[1] for h in hits]),
-            "steps": statistics.mean(r["steps"] for r in runs),
-            "final_min": finals[0], "final_median": statistics.median(finals), "final_max": finals[-1],
-            "signal_share": statistics.mean(r["signal_share"] for r in runs),
-            "zero_signal_rollouts": statistics.mean(r["zero_signal_rollouts"] for r in runs),
-            "rollouts": statistics.mean(r["rollouts"] for r in runs), "seconds": statistics.mean(r["seconds"] for r in runs),
-        }
+    strategies = args.strategies or (REAL["strategies"] if args.task else list(STRATEGIES))
+    if args.task:
+        base = SETTINGS + real_task_base(args.task)
+        args.eval_every = args.eval_every if "--eval-every" in (argv or sys.argv) else REAL["eval_every"]
+        where = f"SmolLM2-135M-Instruct on reasoning-gym {args.task}"
+    else:
+        base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={args.pool}"]
+        where = f"built-in task, tiny model, training pool {args.pool}, held-out {args.heldout}/difficulty"
+    results = run_all(args, base, strategies, seeds, budget)
+    t = table(results, args.targets, budget)
     start = statistics.median(r["start"] for runs in results.values() for r in runs)
-    print(f"\nbuilt-in task, tiny model: {seeds} seeds x {len(results)} strategies, budget {budget:,} rollouts, "
-          f"target held-out accuracy {args.target} (start {start:.3f}; trailing mean of {args.smooth} evaluations); "
-          f"training pool {pool}, held-out {args.heldout}/difficulty")
-    print(f"{'strategy':<25}{'reached':>8}{'rollouts@target':>16}{'s@target':>9}{'final min/med/max':>20}"
-          f"{'signal':>8}{'zero-signal rollouts':>21}{'steps':>7}{'s/run':>7}")
-    for name, t in table.items():
-        r2t = f"{t['rollouts_to_target_median']:,.0f}" if t["rollouts_to_target_median"] is not None else f">{budget:,}"
-        s2t = f"{t['seconds_to_target_median']:.0f}" if t["seconds_to_target_median"] is not None else "-"
-        print(f"{name:<25}{t['reached']:>8}{r2t:>16}{s2t:>9}"
-              f"{t['final_min']:>8.3f}/{t['final_median']:.3f}/{t['final_max']:.3f}"
-              f"{t['signal_share']:>8.3f}{t['zero_signal_rollouts']:>21,.0f}{t['steps']:>7.0f}{t['seconds']:>7.0f}")
-    first = next(iter(results.values()))[0]["by_difficulty"]
-    print("final accuracy per difficulty, median over seeds (start: " + ", ".join(f"{d} {v[0]:.2f}" for d, v in first.items()) + ")")
-    for name, runs in results.items():
-        table[name]["final_by_difficulty"] = per_difficulty = difficulty_finals(runs, args.smooth)
-        print(f"  {name:<25}" + "  ".join(f"{d} {v:.3f}" for d, v in per_difficulty.items()))
-    base = {k: table[k]["rollouts_to_target_median"] for k in ("uniform", "dapo_filter") if k in table}
-    if "full" in table and table["full"]["rollouts_to_target_median"]:
-        for k, v in base.items():
-            if v:
-                print(f"full / {k} rollouts to target: {table['full']['rollouts_to_target_median'] / v:.2f} (goal <= "
-                      f"{'0.5' if k == 'uniform' else '0.7'})")
-    if "full" in table and "uniform" in table:
-        print(f"final accuracy, full - uniform (medians): {100 * (table['full']['final_median'] - table['uniform']['final_median']):+.1f} points (goal >= +5)")
-    curves_png(results, args.png, args.target, args.smooth)
+    print_table(t, args.targets, budget, f"\n{where}: {seeds} seeds x {len(results)} strategies, budget {budget:,} rollouts, "
+                f"evaluated every {args.eval_every} rollouts (start {start:.3f}; trailing mean of {args.smooth})")
+    for line in goals(t, args.targets):
+        print(line)
+    print("replay (paper B): " + "; ".join(
+        f"{n} share {r['replay_share']:.2f} clip fresh/replay {r['clip_fresh']:.3f}/"
+        f"{'-' if r['clip_replay'] is None else format(r['clip_replay'], '.3f')}"
+        for n, r in t.items() if r["replay_share"] > 0))
+    curves_png(results, args.png, args.targets, f"prl bench learning: {where}")
     print(f"curves: {args.png}")
-    write_json(args, table=table, runs=results)
+    write_json(args, table=t, runs=results)
     return 0
 
 

@@ -59,7 +59,8 @@ class UniformSampler:
 
     def metrics(self) -> dict:
         seen = self.attempts > 0
-        return {"problems_seen": int(seen.sum())}
+        return {"problems_seen": int(seen.sum()), "retest_share": 0.0,
+                "never_dispatched_share": float((~seen).sum() - len(self.retired)) / max(1, self.n)}
 
     def priorities(self):
         return bernoulli_variance(success_estimate(self.successes, self.attempts, 1.0, 1.0))

@@ -1,6 +1,8 @@
 """The arithmetic behind `prl bench learning`'s figures (the runs themselves are the benchmark)."""
 
-from benchmarks.learning import censored_median, crossing, smoothed, training_seconds
+import pytest
+
+from benchmarks.learning import area_under_curve, censored_median, crossing, goals, smoothed
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
@@ -9,16 +11,24 @@ def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
     assert censored_median([2_000, 4_000]) == 3_000
 
 
-def test_crossing_uses_the_smoothed_curve_and_training_time():
-    run = {"curve": [(0, 0.30), (100, 0.41), (200, 0.33), (300, 0.40)], "times": [0.0, 1.0, 2.0, 3.0]}
+def test_crossing_uses_the_smoothed_curve():
+    run = {"curve": [(0, 0.30), (100, 0.41), (200, 0.33), (300, 0.40)]}
     run["smoothed"] = smoothed([a for _, a in run["curve"]], 2)
-    assert run["smoothed"] == [0.30, 0.355, 0.37, 0.365]
-    assert crossing(run, 0.36) == (200, 2.0)  # the lone spike at 100 does not count
-    assert crossing(run, 0.40) == (None, None)
+    assert run["smoothed"] == pytest.approx([0.30, 0.355, 0.37, 0.365])
+    assert crossing(run, 0.36) == 200  # the lone spike at 100 does not count
+    assert crossing(run, 0.40) is None
 
 
-def test_training_seconds_leave_out_evaluation():
-    evals = [{"time": 10.0, "learner/eval/eval_seconds": 5.0},  # written after the first evaluation
-             {"time": 14.0, "learner/eval/eval_seconds": 1.0},
-             {"time": 20.0, "learner/eval/eval_seconds": 2.0}]
-    assert training_seconds(evals) == [0.0, 3.0, 7.0]
+def test_area_under_the_curve_is_the_mean_accuracy_over_the_budget():
+    run = {"curve": [(0, 0.2), (100, 0.4)], "smoothed": [0.2, 0.4]}
+    assert area_under_curve(run, 100) == pytest.approx(0.3)
+    assert area_under_curve(run, 200) == pytest.approx((0.3 * 100 + 0.4 * 100) / 200)  # held at its last value
+
+
+def test_goal_lines_name_each_ratio():
+    t = {"uniform": {"rollouts_to_0.4": 1000, "final_median": 0.40}, "dapo_filter": {"rollouts_to_0.4": 800, "final_median": 0.41},
+         "priority_flat": {"rollouts_to_0.4": 600, "final_median": 0.42}, "full": {"rollouts_to_0.4": None, "final_median": 0.45}}
+    lines = goals(t, [0.4])
+    assert "priority_flat / uniform rollouts 0.60 (goal <= 0.7)" in lines[0]
+    assert "full / dapo_filter rollouts - (goal <= 0.6)" in lines[2]
+    assert lines[-1] == "final accuracy, full - dapo_filter (medians): +4.0 points (goal >= +3)"
