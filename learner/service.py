@@ -183,6 +183,7 @@ class Learner(Service):
             self.save()
             stats["checkpoint_seconds"] = time.perf_counter() - t1
         self.announce()
+        self.last_stats = stats
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
         if self.is_main:
             self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3),

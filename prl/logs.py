@@ -1,28 +1,77 @@
-"""structlog, configured once per process: console lines for people, JSON for machines."""
+"""Logging, configured once per process: structlog events and the libraries' own loggers
+(kafka-python, transformers, vLLM) go through the same handlers and the same renderer.
+
+- ``console`` format: lines for people; ``json``: one JSON object per line, nothing else.
+- The console shows ``console_level`` and above; with ``log_file`` every event at ``level``
+  and above also goes to that file (``prl run`` keeps the console to one line per
+  evaluation and writes the details to ``<run_dir>/prl.log``).
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
 
-def configure(fmt: str = "console", level: str = "info") -> None:
+SHARED = [
+    structlog.contextvars.merge_contextvars,
+    structlog.stdlib.add_log_level,
+    structlog.stdlib.add_logger_name,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+LIBRARIES = ("kafka", "transformers", "vllm", "urllib3", "botocore", "s3fs", "fsspec", "httpx", "filelock")
+
+
+def configure(fmt: str = "console", level: str = "info", log_file: str | None = None,
+              console_level: str | None = None) -> None:
     renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
+        processors=[*SHARED, structlog.processors.format_exc_info, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
-    # Libraries that log through the standard library (kafka-python) keep to warnings.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=SHARED, processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer])
+    handlers = [_handler(logging.StreamHandler(_CurrentStderr()), console_level or level, formatter)]
+    if log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
+        handlers.append(_handler(logging.FileHandler(log_file), level, formatter))
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(min(h.level for h in handlers))
+    _route_libraries(max(logging.WARNING, min(h.level for h in handlers)))
+
+
+def _handler(handler: logging.Handler, level: str, formatter) -> logging.Handler:
+    handler.setLevel(getattr(logging, level.upper()))
+    handler.setFormatter(formatter)
+    return handler
+
+
+def _route_libraries(level: int) -> None:
+    """The libraries' loggers propagate to our handlers (warnings and above), and their own
+    handlers and progress bars are off."""
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    for name in LIBRARIES:
+        lib = logging.getLogger(name)
+        lib.handlers.clear()
+        lib.propagate = True
+        lib.setLevel(level)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_default_handler()
+        hf_logging.enable_propagation()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
 
 
 class _CurrentStderr:

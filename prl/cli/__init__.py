@@ -24,22 +24,37 @@ COMMAND_MODULES = {"run": "run", "scheduler": "services", "producer": "services"
 def load(args):
     """The validated config of a command's --config and --set (and its own overrides);
     on a bad field, one line naming it and exit code 2."""
-    from schemas.config import ConfigError, load_config
+    from schemas.config import load_config
 
     overrides = list(args.overrides)
+    if getattr(args, "log_format", None):
+        overrides.append(f"run.log_format={json.dumps(args.log_format)}")
     if getattr(args, "run_dir", None):
         overrides.append(f"run.run_dir={json.dumps(args.run_dir)}")
     if getattr(args, "max_steps", None) is not None:
         overrides.append(f"learner.max_steps={args.max_steps}")
-    try:
-        return load_config(args.config, overrides)
-    except ConfigError as exc:
-        print(f"prl: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return load_config(args.config, overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a failure a person can fix is one line on stderr and exit code 2
+    (``--debug`` shows the traceback)."""
     args = build_parser().parse_args(argv)
+    try:
+        return dispatch(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        from prl.errors import one_line, user_errors
+
+        if getattr(args, "debug", False) or not isinstance(exc, user_errors()):
+            raise
+        where = " ".join(filter(None, ["prl", args.command, getattr(args, "action", None)]))
+        print(f"{where}: {one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def dispatch(args) -> int:
     if args.command == "bench":
         return importlib.import_module(f"benchmarks.{args.name}").main(args.args)
     if args.command in ("model", "data"):
@@ -47,12 +62,26 @@ def main(argv: list[str] | None = None) -> int:
 
         return prepare.command(args)
     cfg = load(args)
-    from prl import logs
-
-    logs.configure(cfg.run.log_format, cfg.run.log_level)
+    configure_logs(args, cfg)
     if args.command == "config":
         from schemas.config import dump_toml
 
         print(dump_toml(cfg))
         return 0
     return importlib.import_module(f"prl.cli.{COMMAND_MODULES[args.command]}").command(args, cfg)
+
+
+def configure_logs(args, cfg) -> None:
+    """Services log to the console; `prl run` keeps the console to warnings (plus its own
+    progress lines) and writes everything to <run_dir>/prl.log."""
+    from prl import logs
+
+    if args.command == "run":
+        from prl.cli.run import run_log
+        from prl.storage import check_writable
+
+        check_writable(cfg.run.run_dir)  # the log file goes there
+        logs.configure(cfg.run.log_format, cfg.run.log_level, log_file=run_log(cfg.run.run_dir),
+                       console_level="debug" if args.verbose else "warning")
+    else:
+        logs.configure(cfg.run.log_format, cfg.run.log_level)

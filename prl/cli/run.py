@@ -7,43 +7,61 @@ checkpoints, metrics.jsonl and learning_curve.png.
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 import time
 
+import fsspec
 import structlog
 
+from prl.cli.console import Console, summary_table
+from prl.errors import UsageError
 from prl.metrics import MetricsSink, read_metrics
 from prl.plots import learning_curve, priority_histogram
 from prl.service import ServiceStopped
+from prl.storage import check_writable
 from prl.transport.memory import MemoryBroker, MemoryTransport
 
 log = structlog.get_logger("run")
 
 
+OUTPUTS = ("learning_curve.png", "priority_histogram.png", "summary.json")  # made again by every run
+
+
 def command(args, cfg) -> int:
-    """`prl run`: the pipeline in one process; the summary as JSON; one line if it stops."""
-    import json
-    import sys
-
-    from prl.service import ServiceStopped
-    from prl.storage import StorageError, check_writable
-
+    """`prl run`: the pipeline in one process; a bar and one line per evaluation on the
+    console, a summary table at the end, the summary as JSON in <run_dir>/summary.json."""
     if cfg.transport.type != "memory":
-        print("prl run uses the in-memory transport; start services with prl scheduler|producer|learner", file=sys.stderr)
-        return 2
-    try:
-        check_writable(cfg.run.run_dir)
-    except StorageError as exc:
-        print(f"prl run: {exc}", file=sys.stderr)
-        return 2
-    try:
-        summary = run_pipeline(cfg, progress=not args.no_progress,
-                               max_seconds=args.max_minutes * 60 if args.max_minutes else None)
-    except ServiceStopped as exc:
-        print(f"prl run: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=2))
+        raise UsageError("prl run uses the in-memory transport; start services with prl scheduler|producer|learner")
+    check_writable(cfg.run.run_dir)
+    clear_outputs(cfg.run.run_dir)
+    summary = run_pipeline(cfg, progress=not args.no_progress,
+                           max_seconds=args.max_minutes * 60 if args.max_minutes else None)
+    run_dir = cfg.run.run_dir.rstrip("/")
+    with fsspec.open(f"{run_dir}/summary.json", "w") as f:
+        json.dump(summary, f, indent=2)
+    if cfg.run.log_format == "json":
+        print(json.dumps({"event": "run_finished", **summary}), file=sys.stderr)
+    else:
+        files = [f"{run_dir}/{name}" for name in OUTPUTS]
+        print(summary_table(summary, files) + f"; details in {run_log(cfg.run.run_dir) or 'the log'}", file=sys.stderr)
     return 0
+
+
+def run_log(run_dir: str) -> str | None:
+    """Where `prl run` writes its log: <run_dir>/prl.log on a local disk (None on object stores)."""
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    return f"{path.rstrip('/')}/prl.log" if local else None
+
+
+def clear_outputs(run_dir: str) -> None:
+    """Remove what an earlier run in this directory drew or summarised (it would be stale)."""
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    for name in OUTPUTS:
+        if fs.exists(f"{path.rstrip('/')}/{name}"):
+            fs.rm(f"{path.rstrip('/')}/{name}")
 
 
 def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, max_seconds: float | None = None) -> dict:
@@ -63,24 +81,31 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     start = dict(getattr(learner, "last_eval", {}))
     scheduler = Scheduler(cfg, transport, metrics)
     background = Background([scheduler, Producer(cfg, transport, metrics)])
+    console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress)
     try:
-        stopped_by_budget = train(learner, background, budget, _progress(cfg.learner.max_steps, learner.version) if progress else None)
+        stopped_by_budget = train(learner, scheduler, background, budget, console)
         background.stop()
         evaluating = cfg.learner.eval_every or cfg.learner.eval_every_rollouts
         if stopped_by_budget and evaluating and learner.heldout and learner.evaluated_at != learner.version:
             learner.evaluate()  # with the generators stopped, evaluation has the machine to itself
+            console.update(learner, scheduler)
     finally:
+        console.close()
         background.stop()
         learner.close()
     if background.failures:
         raise background.failures[0]
+    draw(cfg, metrics, scheduler)
+    summary = summarize(learner, start, budget.elapsed())
+    log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
+    return summary
+
+
+def draw(cfg, metrics, scheduler) -> None:
     run_dir = cfg.run.run_dir.rstrip("/")
     learning_curve(read_metrics(metrics.path), f"{run_dir}/learning_curve.png")
     priority_histogram(scheduler.sampler.priorities(), scheduler.sampler.success_rates(), f"{run_dir}/priority_histogram.png",
                        f"scheduler at the end ({cfg.scheduler.strategy})")
-    summary = summarize(learner, start, budget.elapsed())
-    log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
-    return summary
 
 
 def summarize(learner, start: dict, seconds: float) -> dict:
@@ -89,25 +114,18 @@ def summarize(learner, start: dict, seconds: float) -> dict:
             "accuracy_start": start.get("accuracy"), "accuracy_end": end.get("accuracy"), "start": start, "end": end}
 
 
-def train(learner, background: "Background", budget: "Budget", bar) -> bool:
+def train(learner, scheduler, background: "Background", budget: "Budget", console: Console) -> bool:
     """Step the learner until it is done, a background service stops, or the budget is
     spent (returns True for the budget)."""
-    try:
-        while not background.stopped.is_set():
-            done = learner.step()
-            budget.observe(learner.version)
-            if bar is not None:
-                bar.n = learner.version
-                bar.set_postfix(acc=f"{learner.last_eval.get('accuracy', 0):.3f}" if hasattr(learner, "last_eval") else "-")
-                bar.refresh()
-            if budget.spent(learner):
-                return True
-            if done:
-                return False
-        return False
-    finally:
-        if bar is not None:
-            bar.close()
+    while not background.stopped.is_set():
+        done = learner.step()
+        budget.observe(learner.version)
+        console.update(learner, scheduler)
+        if budget.spent(learner):
+            return True
+        if done:
+            return False
+    return False
 
 
 class Budget:
@@ -170,7 +188,3 @@ def _guarded(service, stop: threading.Event, failures: list) -> None:
         stop.set()
 
 
-def _progress(total: int, initial: int):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc="learner steps", unit="step", dynamic_ncols=True)

@@ -36,7 +36,7 @@ def read_rows(uri: str) -> list[dict]:
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as exc:
-                        raise DatasetError(f"{uri}: row {n}: not JSON ({exc.msg})") from None
+                        raise DatasetError(f"{uri}: line {n + 1}: not JSON ({exc.msg})") from None
         return rows
     raise DatasetError(f"{uri}: unknown format (expected .parquet or .jsonl)")
 
@@ -64,7 +64,7 @@ def load_problems(uri: str, group_field: str = "difficulty") -> list[Problem]:
     rows = read_rows(uri)
     problems, seen = [], set()
     for n, row in enumerate(rows):
-        where = f"{uri}: row {n}"
+        where = f"{uri}: row {n + 1}"  # counted as people count, from 1
         pid, answer, prompt = _id(row, n), _answer(row), row.get("prompt")
         if pid is None:
             raise DatasetError(f"{where}: missing column 'id' (or extra_info.index)")

@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from prl.cli import main
 from prl.servers import free_port
 
@@ -24,3 +26,31 @@ def test_an_unwritable_run_dir_is_named(tmp_path, capsys):
     assert main(["run", "--run-dir", str(blocker / "run"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"cannot write to run.run_dir {blocker}/run" in err
+
+
+def run_cli(argv) -> int:
+    """main's exit code, whether it returns it or argparse exits with it."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("argv, start", [
+    (["run", "--set", "task.name='dataset'", "--set", "task.train_path='{bad}'"], "prl run: {bad}: row 2: missing column 'answer'"),
+    (["run", "--set", "learner.lr=5"], "prl run: invalid configuration: learner.lr: Input should be less than 1"),
+    (["run", "--max-steps", "many"], "prl run: argument --max-steps: invalid int value: 'many'"),
+    (["inspect", "tail", "nosuch", "--set", "transport.type='kafka'"], "prl inspect tail: unknown topic kind 'nosuch'"),
+], ids=["dataset row", "config value", "argument", "topic kind"])
+def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, start):
+    """A bad dataset (rows counted from 1), config value, argument or topic kind: one line,
+    exit code 2, no traceback; --debug shows the traceback instead."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "prompt": "1+1=", "answer": "2"}\n{"id": "b", "prompt": "2+2="}\n')
+    argv = [a.replace("{bad}", str(bad)) for a in argv] + (["--run-dir", str(tmp_path / "r")] if argv[0] == "run" else [])
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(start.replace("{bad}", str(bad))), err
+    if "many" not in argv:
+        with pytest.raises(Exception):
+            main(argv + ["--debug"])

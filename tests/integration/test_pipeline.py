@@ -66,6 +66,28 @@ def test_duplicate_results_are_ignored(tmp_path):
     assert scheduler.groups_returned == len({decode(m.value, RolloutGroup).dispatch_id for m in msgs})
 
 
+def test_prl_run_screen_is_one_line_per_evaluation_and_a_summary(tmp_path, capsys):
+    """A newcomer's screen: the progress bar, one line per evaluation, the summary table;
+    every log line goes to <run_dir>/prl.log instead. With --log-format json: JSON only."""
+    from prl.cli import main
+
+    run_dir = tmp_path / "run"
+    assert main(["run", "--run-dir", str(run_dir), "--max-steps", "4", "--set", "learner.eval_every=2",
+                 "--set", "task.heldout_per_digit=10"]) == 0
+    screen = [seg for line in capsys.readouterr().err.splitlines() for seg in line.split("\r")]
+    shown = [s.strip() for s in screen if s.strip() and not s.strip().startswith("learner steps")]
+    evals = [s for s in shown if s.startswith("step ")]
+    assert [s.split()[1] for s in evals] == ["0", "2", "4"]
+    assert shown[len(evals)].startswith("prl run finished in") and shown[-1].startswith("wrote ")
+    assert len(shown) == len(evals) + 2 + 1 + 5  # finished, wrote; the table: header, overall, four difficulties
+    assert "step" in (run_dir / "prl.log").read_text() and json.loads((run_dir / "summary.json").read_text())["steps"] == 4
+    assert main(["run", "--run-dir", str(tmp_path / "json"), "--max-steps", "2", "--log-format", "json",
+                 "--set", "learner.eval_every=2", "--set", "task.heldout_per_digit=10"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(json.loads(line) for line in lines)
+    assert json.loads(lines[-1])["event"] == "run_finished"
+
+
 @pytest.mark.slow
 def test_prl_run_three_steps(tmp_path):
     from prl.cli import main
@@ -323,6 +345,6 @@ def test_prl_run_says_why_when_no_problem_can_be_served_and_exits(tmp_path, caps
     code = main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", "task.name='dataset'",
                  "--set", f"task.train_path={json.dumps(train)}"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert code == 1 and time.monotonic() - t0 < 60
+    assert code == 2 and time.monotonic() - t0 < 60
     assert err.startswith("prl run: no problem can be dispatched: producers could not serve 40 of 40")
     assert ("NoChatTemplate" if case.startswith("chat") else "PromptTooLong") in err

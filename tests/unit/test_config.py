@@ -49,8 +49,8 @@ def test_cli_reports_bad_config_before_importing_torch():
     code = (
         "import sys\n"
         "from prl.cli import main\n"
-        "try:\n    main(['run', '--set', 'learner.lr=-1'])\n"
-        "except SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)\n"
+        "code = main(['run', '--set', 'learner.lr=-1'])\n"
+        "print('exit', code, 'torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "exit 2 False" in out.stdout

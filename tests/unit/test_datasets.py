@@ -33,10 +33,10 @@ def test_verl_style_parquet_through_fsspec():
 
 
 @pytest.mark.parametrize("rows, message", [
-    ([{"id": "a", "prompt": "x", "answer": "1"}, {"id": "b", "prompt": "y"}], "row 1: missing column 'answer' (or reward_model.ground_truth)"),
-    ([{"id": "a", "prompt": "x", "answer": "1"}, {"id": "a", "prompt": "y", "answer": "2"}], "row 1: duplicate id 'a'"),
-    ([{"id": "a", "prompt": "  ", "answer": "1"}], "row 0: empty prompt"),
-    ([{"prompt": "x", "answer": "1"}], "row 0: missing column 'id' (or extra_info.index)"),
+    ([{"id": "a", "prompt": "x", "answer": "1"}, {"id": "b", "prompt": "y"}], "row 2: missing column 'answer' (or reward_model.ground_truth)"),
+    ([{"id": "a", "prompt": "x", "answer": "1"}, {"id": "a", "prompt": "y", "answer": "2"}], "row 2: duplicate id 'a'"),
+    ([{"id": "a", "prompt": "  ", "answer": "1"}], "row 1: empty prompt"),
+    ([{"prompt": "x", "answer": "1"}], "row 1: missing column 'id' (or extra_info.index)"),
 ])
 def test_bad_rows_name_file_and_row(tmp_path, rows, message):
     uri = write_jsonl(tmp_path / "bad.jsonl", rows)

@@ -1,0 +1,76 @@
+"""What `prl run` shows on the terminal: a progress bar and one line per evaluation, then a
+summary table. Everything else goes to the log file (``<run_dir>/prl.log``). With
+``run.log_format = "json"`` there is no bar and every line is a JSON object."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+class Console:
+    def __init__(self, total_steps: int, first_step: int, fmt: str = "console", enabled: bool = True):
+        self.fmt, self.enabled = fmt, enabled
+        self.bar = None
+        if enabled and fmt == "console":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=first_step, desc="learner steps", unit="step", dynamic_ncols=True,
+                            file=sys.stderr)
+        self.shown_eval = -1
+        self.t0 = time.perf_counter()
+
+    def update(self, learner, scheduler) -> None:
+        """After a learner step: move the bar; one line when an evaluation happened."""
+        if self.bar is not None:
+            self.bar.n = learner.version
+            self.bar.refresh()
+        if self.enabled and getattr(learner, "evaluated_at", -1) != self.shown_eval and hasattr(learner, "last_eval"):
+            self.shown_eval = learner.evaluated_at
+            self.emit(progress_figures(learner, scheduler, time.perf_counter() - self.t0))
+
+    def emit(self, figures: dict) -> None:
+        if self.fmt == "json":
+            print(json.dumps({"event": "evaluation", **figures}), file=sys.stderr, flush=True)
+            return
+        line = (f"step {figures['step']:>5}  rollouts {figures['rollouts']:>8,} ({figures['rollouts_per_s']:,.0f}/s)  "
+                f"reward {figures['reward']:.3f}  held-out {figures['heldout_accuracy']:.3f}  "
+                f"zero-signal {figures['zero_signal_share']:.2f}  replay {figures['replay_share']:.2f}  "
+                f"stale {figures['stale_dropped']}")
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def progress_figures(learner, scheduler, seconds: float) -> dict:
+    stats = getattr(learner, "last_stats", {})
+    returned = max(1, scheduler.groups_returned)
+    stale = learner.counters.get("stale_dropped", 0) + sum(
+        v for k, v in scheduler.counters.items() if k.startswith("stale_groups_dropped/"))
+    return {"step": learner.evaluated_at, "rollouts": learner.rollouts_generated,
+            "rollouts_per_s": learner.rollouts_generated / max(seconds, 1e-9),
+            "reward": stats.get("mean_reward", 0.0), "heldout_accuracy": learner.last_eval.get("accuracy", 0.0),
+            "zero_signal_share": 1 - scheduler.groups_with_signal / returned,
+            "replay_share": stats.get("replay_share", 0.0), "stale_dropped": stale}
+
+
+def summary_table(summary: dict, files: list[str]) -> str:
+    """The end of a run, for people: time, steps, held-out accuracy per difficulty, files."""
+    lines = [f"prl run finished in {summary['seconds']:.0f} s: {summary['steps']} steps, "
+             f"{summary['rollouts_generated']:,} rollouts generated"]
+    start, end = summary.get("start", {}), summary.get("end", {})
+    keys = [k for k in end if k.startswith("accuracy")]
+    if keys:
+        lines.append(f"  {'held-out accuracy':<22}{'start':>8}{'end':>8}")
+        for k in keys:
+            label = "overall" if k == "accuracy" else f"difficulty {k.rsplit('_d', 1)[-1]}"
+            lines.append(f"  {label:<22}{start.get(k, float('nan')):>8.3f}{end[k]:>8.3f}")
+    lines.append("wrote " + ", ".join(files))
+    return "\n".join(lines)
