@@ -368,9 +368,11 @@ def decode_many(data: bytes, expected: type) -> list:
 
 
 def headers(record) -> list[tuple[str, bytes]]:
-    """Kafka headers for a record: kind, schema_version and, where it has one, policy_version."""
+    """Kafka headers for a record: kind, schema_version and policy_version: the version that
+    made a rollout group, that a policy announces, at which a dispatch was issued, and that will
+    train a batch. Dead letters have none."""
     out = [("kind", record.KIND.encode()), ("schema_version", str(SCHEMA_VERSION).encode())]
-    version = getattr(record, "policy_version", getattr(record, "version", None))
+    version = next((getattr(record, a) for a in ("policy_version", "version", "learner_version") if hasattr(record, a)), None)
     if version is not None:
         out.append(("policy_version", str(version).encode()))
     return out

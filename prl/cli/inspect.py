@@ -172,7 +172,8 @@ def decode_for_tail(value: bytes) -> tuple[object | None, str | None]:
 
 
 class Summary:
-    """Rate, mean reward and version lag per producer (rollout groups), counts otherwise."""
+    """Per producer (rollout groups): rate, mean reward, and how many policy versions its groups
+    were behind the newest version seen in the same messages (mean); counts otherwise."""
 
     def __init__(self):
         self.by_producer: dict[str, list] = defaultdict(lambda: [0, 0.0, 0])  # groups, reward sum, rollouts
@@ -197,11 +198,11 @@ class Summary:
     def render(self) -> str:
         lines = [f"messages: {dict(self.kinds)}, undecodable: {self.undecodable}"]
         if self.by_producer:
-            lines.append(f"{'producer':<16} {'groups':>7} {'groups/s':>9} {'mean reward':>12} {'version lag':>12}")
+            lines.append(f"{'producer':<16} {'groups':>7} {'groups/s':>9} {'mean reward':>12} {'behind newest':>14}")
             for pid, (groups, rsum, n) in sorted(self.by_producer.items()):
-                lag = self.newest_version - sum(self.versions[pid]) / len(self.versions[pid])
+                behind = self.newest_version - sum(self.versions[pid]) / len(self.versions[pid])
                 seconds = max(1e-9, self.span[pid][1] - self.span[pid][0])  # by the groups' own timestamps
-                lines.append(f"{pid:<16} {groups:>7} {groups / seconds:>9.2f} {rsum / n:>12.3f} {lag:>12.2f}")
+                lines.append(f"{pid:<16} {groups:>7} {groups / seconds:>9.2f} {rsum / n:>12.3f} {behind:>14.2f}")
         return "\n".join(lines)
 
 

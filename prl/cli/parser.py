@@ -78,6 +78,8 @@ def add_replay(sub) -> None:
         r.add_argument("--no-progress", action="store_true")
         if action in ("report", "whatif"):
             r.add_argument("--out", help="where the PNGs go (default: <run_dir>/replay)")
+        if action == "train":
+            r.add_argument("--out", help="a new run directory for the checkpoints (default: <run_dir>/replay-train)")
             r.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
         if action == "publish":
             r.add_argument("--rate", type=float, default=10.0, help="batches per second at most (0: unlimited)")

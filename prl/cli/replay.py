@@ -97,10 +97,10 @@ def final_success_rates(groups: list[RolloutGroup]) -> np.ndarray:
 
 def format_report(rep: dict) -> str:
     lines = [f"{rep['groups']} groups over {rep['problems']} problems; age mean {rep['age_mean']:.2f}, max {rep['age_max']}",
-             f"{'version':>7} {'groups':>7} {'rollouts':>9} {'mean reward':>12} {'solved':>7} {'signal':>7}"]
+             f"{'version':>7} {'groups':>7} {'rollouts':>9} {'mean reward':>12} {'reward>0':>9} {'signal':>7}"]
     for r in rep["versions"]:
         lines.append(f"{r['policy_version']:>7} {r['groups']:>7} {r['rollouts']:>9} {r['mean_reward']:>12.3f} "
-                     f"{r['solved_share']:>7.3f} {r['signal_share']:>7.3f}")
+                     f"{r['solved_share']:>9.3f} {r['signal_share']:>7.3f}")
     lines += ["", *(f"wrote {p}" for p in rep["pngs"])]
     return "\n".join(lines)
 
@@ -212,24 +212,32 @@ def publish(cfg, transport, uri: str, rate: float, progress: bool = True) -> int
     return len(batches)
 
 
-def train(cfg, uri: str, progress: bool = True) -> dict:
-    """The learner offline on the archive: batches written to a file, then consumed from it."""
+def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
+    """The learner offline on the archive, from the base model, into ``out_dir`` (a new run
+    directory: one that already holds checkpoints is refused, so a live run is never touched).
+    Batches are written to a file and consumed from it; every one is trained."""
+    from learner.checkpoint import list_checkpoints
     from learner.service import Learner
     from learner.sources import write_batches
+    from prl.errors import UsageError
     from prl.transport.memory import MemoryTransport
 
+    if list_checkpoints(out_dir):
+        raise UsageError(f"{out_dir} already holds checkpoints (a run lives there); choose a new directory with --out")
     batches = to_batches(load_groups(uri), cfg.scheduler.groups_per_batch, cfg.scheduler.max_batch_tokens)
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/batches.arrow"
         write_batches(path, batches)
-        cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"batches_from": path})})
+        cfg = cfg.model_copy(update={
+            "run": cfg.run.model_copy(update={"run_dir": out_dir}),
+            "learner": cfg.learner.model_copy(update={"batches_from": path, "max_steps": max(1, len(batches))})})
         learner = Learner(cfg, MemoryTransport())
         with _progress(len(batches), "train", progress) as bar:
             while not learner.step():
                 bar.n = learner.version
                 bar.refresh()
         learner.close()
-    return {"batches": len(batches), "steps": learner.version, "checkpoint": learner.checkpoint_uri}
+    return {"batches": len(batches), "steps": learner.version, "run_dir": out_dir, "checkpoint": learner.checkpoint_uri}
 
 
 def command(args, cfg) -> int:
@@ -257,5 +265,7 @@ def command(args, cfg) -> int:
         n = publish(cfg, make_transport(cfg.transport), uri, args.rate, progress)
         print(f"published {n} batches to {cfg.run.name}.batches")
         return 0
-    print(json.dumps(train(cfg, uri, progress), indent=2))
+    result = train(cfg, uri, args.out or cfg.run.run_dir.rstrip("/") + "/replay-train", progress)
+    print(f"trained {result['steps']} steps on {result['batches']} archived batches into {result['run_dir']} "
+          f"(last checkpoint {result['checkpoint']})")
     return 0

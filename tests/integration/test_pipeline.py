@@ -348,3 +348,22 @@ def test_prl_run_says_why_when_no_problem_can_be_served_and_exits(tmp_path, caps
     assert code == 2 and time.monotonic() - t0 < 60
     assert err.startswith("prl run: no problem can be dispatched: producers could not serve 40 of 40")
     assert ("NoChatTemplate" if case.startswith("chat") else "PromptTooLong") in err
+
+
+def test_replay_train_learns_from_the_archive_into_a_new_run_dir(tmp_path, capsys):
+    """`prl replay train` on a finished run's archive trains every archived batch from the
+    base model into a new directory; the live run is not touched, and a directory that
+    already holds checkpoints is refused in one line."""
+    from prl.cli import main
+
+    run = str(tmp_path / "run")
+    assert main(["run", "--run-dir", run, "--max-steps", "3", "--no-progress", "--set", "learner.eval_every=0"]) == 0
+    live = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    capsys.readouterr()
+    assert main(["replay", "train", "--set", f"run.run_dir='{run}'", "--no-progress", "--out", str(tmp_path / "offline")]) == 0
+    out = capsys.readouterr().out
+    steps = int(out.split()[1])
+    assert out.startswith("trained ") and steps > 0 and (tmp_path / "offline" / "checkpoints" / "latest").exists()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == live
+    assert main(["replay", "train", "--set", f"run.run_dir='{run}'", "--no-progress", "--out", run]) == 2
+    assert "already holds checkpoints" in capsys.readouterr().err

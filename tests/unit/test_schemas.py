@@ -160,3 +160,10 @@ def test_arrow_schema_is_derived_from_the_annotations():
         [("temperature", pa.float64()), ("top_p", pa.float64()), ("max_tokens", pa.int32()), ("stop", pa.list_(pa.string()))])
     assert records.nullable_fields(DeadLetter) == {"key"} and not records.nullable_fields(RolloutGroup)
     assert set(TrainRollout.ARRAYS) == {"prompt_ids", "completion_ids", "logprobs"}
+
+
+def test_every_record_but_a_dead_letter_carries_a_policy_version_header():
+    for record in EXAMPLES:
+        h = dict(headers(record))
+        expected = {"dispatch": b"4", "rollout_group": b"3", "train_batch": b"5", "policy_version": b"12"}.get(record.KIND)
+        assert h.get("policy_version") == expected, record.KIND
