@@ -20,7 +20,11 @@ FLUSH_EVERY_S = 10.0
 
 
 class MetricsSink:
-    def __init__(self, run_dir: str, filename: str = "metrics.jsonl"):
+    """metrics.jsonl (or a part per process on object stores), and the configured trackers
+    (prl/trackers.py): numeric values as scalars at the line's step, tables as tables."""
+
+    def __init__(self, run_dir: str, filename: str = "metrics.jsonl", trackers: list | None = None):
+        self.trackers = trackers or []
         fs, root = fsspec.core.url_to_fs(run_dir)
         self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
         self.path = f"{root.rstrip('/')}/{filename}"
@@ -40,7 +44,11 @@ class MetricsSink:
         line = {"time": round(time.time(), 3), "service": service, **context}
         line.update({f"{service}/{k}": v for k, v in values.items()})
         text = json.dumps(line, default=float)
+        step = int(context.get("rollouts_generated", context.get("step", context.get("seq", 0))) or 0)
+        scalars = {k: v for k, v in line.items() if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)}
         with self._lock:
+            for tracker in self.trackers:
+                tracker.log(scalars, step)
             if self._local:
                 with open(self.path, "a") as f:
                     f.write(text + "\n")
@@ -49,10 +57,23 @@ class MetricsSink:
                 if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
                     self._flush_locked()
 
+    def table(self, name: str, columns: list[str], rows: list[list], step: int) -> None:
+        """A small table (a sample of rollouts) for the trackers; metrics.jsonl keeps numbers only."""
+        with self._lock:
+            for tracker in self.trackers:
+                tracker.table(name, columns, rows, step)
+
     def flush(self) -> None:
         with self._lock:
             if not self._local and self._buffer:
                 self._flush_locked()
+
+    def close(self) -> None:
+        self.flush()
+        with self._lock:
+            for tracker in self.trackers:
+                tracker.close()
+            self.trackers = []
 
     def _flush_locked(self) -> None:
         self._fs.pipe_file(self.path, ("\n".join(self._buffer) + "\n").encode())

@@ -124,3 +124,30 @@ def zero_signal_bars(results: dict, out_uri: str) -> None:
     ax.set_ylim(0, 1)
     ax.set_title("what-if: strategies on the archived outcomes")
     save_png(fig, out_uri, 110)
+
+
+def run_report(rows: list[dict], out_uri: str) -> None:
+    """One page for a run from every service's metrics: held-out accuracy, reward and loss,
+    the share of groups with a signal and of replayed rollouts, rollout ages, stale drops."""
+    plt = _pyplot()
+    learner = [r for r in rows if "learner/loss" in r]
+    evals = [r for r in rows if "learner/eval/accuracy" in r]
+    sched = [r for r in rows if r.get("service") == "scheduler" and "scheduler/signal_share" in r]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    panels = [
+        (axes[0][0], evals, "rollouts_generated", ["learner/eval/accuracy"], "held-out accuracy"),
+        (axes[0][1], learner, "step", ["learner/mean_reward", "learner/loss"], "trained reward and loss"),
+        (axes[1][0], sched, "seq", ["scheduler/signal_share", "scheduler/retest_share", "scheduler/never_dispatched_share"],
+         "scheduler shares"),
+        (axes[1][1], learner, "step", ["learner/replay_share", "learner/age_mean", "learner/stale_dropped"], "replay and ages"),
+    ]
+    for ax, data, x, keys, title in panels:
+        for key in keys:
+            points = [(r.get(x, 0), r[key]) for r in data if key in r]
+            if points:
+                ax.plot(*zip(*points), "-", lw=1.2, label=key.split("/", 1)[1])
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save_png(fig, out_uri, 100)

@@ -83,6 +83,10 @@ class Service:
         if self.metrics is not None:
             self.metrics.write(self.name, values, **context)
 
+    def emit_table(self, name: str, columns: list[str], rows: list[list], step: int) -> None:
+        if self.metrics is not None:
+            self.metrics.table(f"{self.name}/{name}", columns, rows, step)
+
     def step(self) -> bool:
         """One unit of work; True when the service has finished."""
         raise NotImplementedError

@@ -48,6 +48,9 @@ class Producer(Service):
 
     def step(self) -> bool:
         self.maybe_reload()
+        if self.cfg.run.finish_with_learner and self.backend.version >= self.cfg.learner.max_steps:
+            self.log.info("learner_finished", policy_version=self.backend.version)
+            return True  # the last policy is loaded: nothing more to generate for
         msgs = self.poll_dispatches()
         dispatches = [d for d in (self.decode_or_dead_letter(m, Dispatch) for m in msgs) if d is not None]
         if dispatches:

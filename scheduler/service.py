@@ -33,6 +33,25 @@ from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 
 
+def problem_groups(cfg, problems) -> tuple[list[str], np.ndarray]:
+    """(group names, each problem's group index) for the sampler's prior; with
+    ``shuffle_groups`` the labels are permuted across problems (a control)."""
+    names = sorted({p.group_key for p in problems})
+    index = {g: i for i, g in enumerate(names)}
+    labels = np.asarray([index[p.group_key] for p in problems])
+    if cfg.scheduler.priority.shuffle_groups:
+        labels = np.random.default_rng(cfg.run.seed).permutation(labels)
+    return names, labels
+
+
+def rollout_sample(groups: list[RolloutGroup], batch: TrainBatch, n: int = 8) -> tuple[list[str], list[list]]:
+    """(columns, rows): a few of the batch's fresh rollouts with their text, for the trackers."""
+    texts = {f"{g.dispatch_id}/{i}": r.text for g in groups for i, r in enumerate(g.rollouts)}
+    rows = [[r.problem_id, r.policy_version, texts.get(r.rollout_id, "")[:300], r.reward, round(r.advantage, 3)]
+            for r in batch.rollouts if not r.is_replay][:n]
+    return ["problem", "policy_version", "completion", "reward", "advantage"], rows
+
+
 class NoProblemsLeft(ServiceStopped):
     """Every training problem is retired (or the set is empty): no batch can ever come."""
 
@@ -53,11 +72,7 @@ class Scheduler(Service):
         super().__init__(cfg, transport, metrics)
         self.problems = train_problems(cfg.task)
         self.index = {p.id: i for i, p in enumerate(self.problems)}
-        self.group_names = sorted({p.group_key for p in self.problems})
-        group_index = {g: i for i, g in enumerate(self.group_names)}
-        labels = np.asarray([group_index[p.group_key] for p in self.problems])
-        if cfg.scheduler.priority.shuffle_groups:
-            labels = np.random.default_rng(cfg.run.seed).permutation(labels)
+        self.group_names, labels = problem_groups(cfg, self.problems)
         self.sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed)
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
@@ -82,11 +97,23 @@ class Scheduler(Service):
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> bool:
         self.read_policy()
+        if self.learner_done():
+            return True
         self.accept_rollouts()
         self.redispatch_timed_out()
         self.publish_batches()
         self.top_up()
         return False
+
+    def learner_done(self) -> bool:
+        """The learner has reached its last step: nothing more to schedule (a snapshot keeps
+        the state for a continued run)."""
+        if not (self.cfg.run.finish_with_learner and self.learner_version >= self.cfg.learner.max_steps):
+            return False
+        if self.cfg.scheduler.snapshot_every:
+            self.snapshot()
+        self.log.info("learner_finished", learner_version=self.learner_version)
+        return True
 
     def read_policy(self) -> None:
         """Follow the learner's announcements (older ones, replayed from the topic's start,
@@ -199,6 +226,8 @@ class Scheduler(Service):
                 self.snapshot(pending=batch)  # on storage before it is on the topic
             self.publish_batch(batch)
             self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
+            if batch.seq % self.cfg.run.tracker_table_every == 0:
+                self.emit_table("rollouts", *rollout_sample(groups, batch), step=self.rollouts_generated)
 
     def count_composition(self, comp) -> None:
         """What a composition dropped, and the completion lengths of what it trained and

@@ -31,6 +31,10 @@ class RunConfig(Section):
     log_format: Literal["console", "json"] = Field("console", description="Log lines for people (console) or machines (json).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest log level printed.")
     http_port: int = Field(0, ge=0, le=65535, description="Port of /health and /metrics for a service started alone (0: none).")
+    trackers: list[Literal["tensorboard", "wandb"]] = Field([], description="Also send metrics (and a sample of rollouts as a table) to TensorBoard and/or Weights & Biases (offline unless WANDB_API_KEY is set); files under the run directory.")
+    wandb_project: str = Field("prl", description="Weights & Biases project.")
+    tracker_table_every: int = Field(50, ge=1, description="A table of sampled rollouts goes to the trackers every N batches.")
+    finish_with_learner: bool = Field(True, description="Scheduler and producers finish when the learner has reached learner.max_steps (false: they keep serving).")
     http_host: str = Field("127.0.0.1", description="Address /health and /metrics bind to: loopback by default; 0.0.0.0 in a pod (the k8s manifests set it; NetworkPolicies limit who reaches it).")
 
 

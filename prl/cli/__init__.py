@@ -18,7 +18,7 @@ from prl.cli.parser import build_parser
 
 # command -> module of prl.cli with its ``command(args, cfg)``
 COMMAND_MODULES = {"run": "run", "scheduler": "services", "producer": "services", "learner": "services",
-                   "inspect": "inspect", "replay": "replay"}
+                   "inspect": "inspect", "replay": "replay", "explain": "explain"}
 
 
 def load(args):

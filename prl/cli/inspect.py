@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+import fsspec
 import numpy as np
 
 from prl.errors import UsageError
@@ -280,8 +281,29 @@ def format_row(row: dict) -> str:
     return f"{head} {row['kind']:<14} " + " ".join(f"{k}={v}" for k, v in rest.items())
 
 
+def report(run_dir: str) -> list[str]:
+    """Every service's metrics under ``run_dir`` (metrics*.jsonl, parts included) drawn as
+    learning_curve.png and run_report.png there; returns the PNG paths."""
+    from prl.metrics import read_metrics
+    from prl.plots import learning_curve, run_report
+
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    files = sorted(fs.glob(f"{path.rstrip('/')}/metrics*.jsonl"))
+    if not files:
+        raise UsageError(f"no metrics*.jsonl under {run_dir}: is run.run_dir the run's directory?")
+    prefix = run_dir.split("://", 1)[0] + "://" if "://" in run_dir else ""
+    rows = sorted((r for f in files for r in read_metrics(prefix + f)), key=lambda r: r.get("time", 0))
+    out = [f"{run_dir.rstrip('/')}/learning_curve.png", f"{run_dir.rstrip('/')}/run_report.png"]
+    learning_curve(rows, out[0])
+    run_report(rows, out[1])
+    return out
+
+
 def command(args, cfg) -> int:
-    """`prl inspect topics|tail`."""
+    """`prl inspect topics|tail|report`."""
+    if args.action == "report":
+        print("wrote " + ", ".join(report(cfg.run.run_dir)))
+        return 0
 
     if cfg.transport.type != "kafka":
         raise UsageError('prl inspect reads Kafka topics: set transport.type = "kafka" (and the bootstrap servers)')

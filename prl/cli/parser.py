@@ -17,7 +17,7 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog="prl", description="Asynchronous off-policy GRPO over Kafka.")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for add in (add_run, add_services, add_inspect, add_replay, add_model, add_data, add_config, add_bench):
+    for add in (add_run, add_services, add_inspect, add_explain, add_replay, add_model, add_data, add_config, add_bench):
         add(sub)
     return ap
 
@@ -49,6 +49,7 @@ def add_inspect(sub) -> None:
     inspect = sub.add_parser("inspect", help="look into a run's Kafka topics")
     isub = inspect.add_subparsers(dest="action", required=True)
     common(isub.add_parser("topics", help="every topic: partitions, messages, consumer groups and lag"))
+    common(isub.add_parser("report", help="every service's metrics in run.run_dir as learning_curve.png and run_report.png"))
     tail = isub.add_parser("tail", help="decoded messages of a topic (kind like rollouts, or a full name)")
     common(tail)
     tail.add_argument("topic")
@@ -63,6 +64,13 @@ def add_inspect(sub) -> None:
     tail.add_argument("--max-version", type=int)
     tail.add_argument("--min-reward", type=float, help="mean reward of a group at least this")
     tail.add_argument("--max-reward", type=float)
+
+
+def add_explain(sub) -> None:
+    explain = sub.add_parser("explain", help="why a problem was dispatched, retested, retired or not chosen, and the fate "
+                                             "of its rollouts (from the run directory)")
+    common(explain)
+    explain.add_argument("problem_id")
 
 
 def add_replay(sub) -> None:

@@ -21,6 +21,7 @@ from prl.metrics import MetricsSink, read_metrics
 from prl.plots import learning_curve, priority_histogram
 from prl.service import ServiceStopped
 from prl.storage import check_writable
+from prl.trackers import make_trackers
 from prl.transport.memory import MemoryBroker, MemoryTransport
 
 log = structlog.get_logger("run")
@@ -75,7 +76,7 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
 
     transport = MemoryTransport(MemoryBroker())
     transport.ensure_topics(cfg.run.name)
-    metrics = MetricsSink(cfg.run.run_dir)
+    metrics = MetricsSink(cfg.run.run_dir, trackers=make_trackers(cfg, "run"))
     budget = Budget(max_rollouts, max_seconds)
     learner = Learner(cfg, transport, metrics)
     start = dict(getattr(learner, "last_eval", {}))
@@ -93,6 +94,7 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
         console.close()
         background.stop()
         learner.close()
+        metrics.close()
     if background.failures:
         raise background.failures[0]
     draw(cfg, metrics, scheduler)

@@ -11,17 +11,22 @@ import threading
 def command(args, cfg) -> int:
     from prl.metrics import MetricsSink
     from prl.storage import check_writable
+    from prl.trackers import make_trackers
     from prl.transport import make_transport
 
     name = args.command
     check_writable(cfg.run.run_dir)
     transport = make_transport(cfg.transport)
     transport.ensure_topics(cfg.run.name)
-    service = service_class(name)(cfg, transport, MetricsSink(cfg.run.run_dir, filename=f"metrics-{name}.jsonl"))
+    metrics = MetricsSink(cfg.run.run_dir, filename=f"metrics-{name}.jsonl", trackers=make_trackers(cfg, name))
+    service = service_class(name)(cfg, transport, metrics)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    service.run(stop, http_port=cfg.run.http_port, http_host=cfg.run.http_host)
+    try:
+        service.run(stop, http_port=cfg.run.http_port, http_host=cfg.run.http_host)
+    finally:
+        metrics.close()
     return 0
 
 

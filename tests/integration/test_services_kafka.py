@@ -1,5 +1,6 @@
 """The walking skeleton over a real Kafka-protocol broker: scheduler, producer and
-learner as separate `prl` processes, a few GRPO steps on the tiny model."""
+learner as separate `prl` processes, a few GRPO steps on the tiny model; all three finish
+when the learner has taken its last step, and `prl inspect report` draws their metrics."""
 
 import json
 import sys
@@ -34,9 +35,8 @@ def test_services_over_kafka(kafka_broker, run_name, tmp_path):
     config = tmp_path / "config.toml"
     write_config(config, kafka_broker, run_name, f"file://{run_dir}", max_steps=4)
     procs = {name: start(name, config, tmp_path) for name in ("scheduler", "producer", "learner")}
-    try:
-        wait_until(lambda: procs["learner"].proc.poll() is not None, 240, "the learner to finish 4 steps", 0.5)
-        assert procs["learner"].proc.returncode == 0
+    try:  # the learner stops after 4 steps; scheduler and producer see it and finish too
+        wait_until(lambda: all(p.proc.poll() is not None for p in procs.values()), 240, "every service to finish", 0.5)
     finally:
         for p in procs.values():
             p.stop()
@@ -45,6 +45,10 @@ def test_services_over_kafka(kafka_broker, run_name, tmp_path):
     assert_checkpoints(run_dir, last_step=4)
     assert_rollouts_carry_policy_versions(kafka_broker, run_name)
     assert_no_error_logged(procs)
+    from prl.cli.inspect import report
+
+    for png in report(f"file://{run_dir}"):  # every service's metrics, one page
+        assert fsspec.open(png, "rb").open().read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def assert_checkpoints(run_dir, last_step: int) -> None:

@@ -1,0 +1,134 @@
+"""`prl explain PROBLEM_ID`: why the scheduler did what it did with one problem, and what
+became of its rollouts, from the run directory (the scheduler's last snapshot, the rollout
+archive, the learner's last checkpoint). Read-only; works on a running or finished run."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prl.errors import UsageError
+from prl.formulas import group_advantages, has_signal, rollout_age
+
+STATES = {0: "choosable", 1: "in flight", 2: "in the solved pool", 3: "in the unsolved pool", 4: "queued for retest",
+          5: "retired"}
+
+
+def command(args, cfg) -> int:
+    print(explain(cfg, args.problem_id))
+    return 0
+
+
+def explain(cfg, problem_id: str) -> str:
+    from scheduler.snapshot import read_snapshot
+    from prl.tasks import train_problems
+
+    problems = train_problems(cfg.task)
+    index = {p.id: i for i, p in enumerate(problems)}
+    if problem_id not in index:
+        raise UsageError(f"{problem_id!r} is not a training problem of this run's task (e.g. {problems[0].id!r})")
+    snap = read_snapshot(cfg.run.run_dir)
+    if snap is None:
+        raise UsageError(f"no scheduler snapshot under {cfg.run.run_dir}/scheduler yet (scheduler.snapshot_every)")
+    state, fresh, replay, _ = snap
+    sampler, group = restore_sampler(cfg, problems, state)
+    i = index[problem_id]
+    lines = [f"{problem_id} (group {group[i]!r}) at learner version {state['learner_version']}:"]
+    lines += why(sampler, i, cfg.scheduler) if cfg.scheduler.strategy == "success_variance" else \
+        [f"  chosen uniformly (strategy {cfg.scheduler.strategy}); tried {int(sampler.attempts[i])} rollouts"]
+    lines += history(cfg, problem_id, state["learner_version"], replay)
+    return "\n".join(lines)
+
+
+def restore_sampler(cfg, problems, state: dict):
+    from scheduler.samplers import make_sampler
+    from scheduler.service import problem_groups
+
+    names, labels = problem_groups(cfg, problems)
+    sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed)
+    sampler.load_state_dict(state["sampler"])
+    return sampler, [names[g] for g in labels]
+
+
+def why(s, i: int, cfg) -> list[str]:
+    """The sampler's view of problem i: its state, estimate, priority and what follows."""
+    st, prio = int(s.state[i]), s.priority(i)
+    a, b = (float(np.asarray(v).reshape(-1)[0]) for v in s.prior(np.asarray([i])))
+    g = int(s.group[i])
+    out = [f"  state: {STATES[st]}" + (" (never tried)" if s.last_tested[i] < 0 and st == 0 else ""),
+           f"  outcomes: {s.successes[i]:.1f} solved of {s.attempts[i]:.1f} rollouts"
+           f"{' (decayed to version ' + str(s.version) + ')' if cfg.priority.half_life_versions else ''}, last tested at version "
+           f"{s.last_tested[i]}; prior Beta({a:.2f}, {b:.2f}) from {'its group' if cfg.priority.prior == 'group' else 'flat'}"
+           f" (group rate {float(s.group_rate(g)):.3f} over the group's first tries)",
+           f"  priority p(1-p) = {prio:.4f}"]
+    if st == 0:
+        choosable = np.flatnonzero(s._state_np == 0)
+        w = s.priorities(choosable)
+        out.append(f"  a pick is this problem with probability {prio / w.sum():.4f} ({prio / w.mean():.2f}x the average "
+                   f"of {len(choosable)} choosable problems)" if s.last_tested[i] >= 0 else
+                   f"  never tried: drawn with its group's never-tried problems (priority {s.unseen_priority(g):.4f} each), "
+                   f"and {cfg.priority.unseen_share:.0%} of dispatches go to never-tried problems round-robin over groups")
+    elif st in (2, 3):
+        out.append(f"  its last {abs(int(s.streak[i]))} group(s) were all {'solved' if st == 2 else 'failed'}: out of the draw; "
+                   f"every {cfg.priority.retest_interval} versions {cfg.priority.retest_share:.0%} of the pool is queued for "
+                   f"retest, longest-untested first (retests take at most {cfg.priority.retest_cap:.0%} of dispatches)")
+    elif st == 5:
+        out.append("  retired: a producer could not serve it (see the archive's error column below)")
+    return out
+
+
+def history(cfg, problem_id: str, learner_version: int, replay: list) -> list[str]:
+    """Every archived group of the problem and what became of its rollouts."""
+    groups, trained = archived(cfg, problem_id), trained_ids(cfg)
+    if not groups:
+        return ["  no archived group (scheduler.archive, or not answered yet)"]
+    in_buffer = {r.rollout_id: r for r in replay if r.problem_id == problem_id}
+    out = [f"  {len(groups)} archived group(s):"]
+    for g, accepted_at_version in groups:
+        if g.error:
+            out.append(f"    v{g.policy_version}: not served: {g.error}")
+            continue
+        adv = group_advantages(g.rewards)
+        ids = [f"{g.dispatch_id}/{k}" for k in range(len(g.rollouts))]
+        out.append(f"    v{g.policy_version} (accepted at learner v{accepted_at_version}): rewards "
+                   f"{''.join('1' if r > 0 else '0' for r in g.rewards)}, |A| {np.mean(np.abs(adv)):.2f}: "
+                   + fates(ids, g.rewards, trained, in_buffer, learner_version, cfg.scheduler.tau_max))
+    return out
+
+
+def fates(ids: list[str], rewards, trained: set, in_buffer: dict, version: int, tau_max: int) -> str:
+    """What became of a group's rollouts: trained fresh, in the replay buffer (with age and
+    |A|, the replay priority), or not trained and why."""
+    n_trained = sum(i in trained for i in ids)
+    parts = [f"{n_trained}/{len(ids)} trained"]
+    if not n_trained and not has_signal(rewards):
+        parts.append("all rewards equal: no signal (dropped by the zero-variance filter)")
+    buffered = [in_buffer[i] for i in ids if i in in_buffer]
+    if buffered:
+        age = rollout_age(version, buffered[0].policy_version)
+        a = sorted(abs(r.advantage) for r in buffered)
+        parts.append(f"{len(buffered)} in the replay buffer (age {age}, evicted past age {tau_max}; "
+                     f"|A| {a[0]:.2f}-{a[-1]:.2f}, drawn in proportion to (|A| + eps)^alpha)")
+    elif n_trained:
+        parts.append("none left in the replay buffer (evicted by age, or replay off)")
+    return "; ".join(parts)
+
+
+def archived(cfg, problem_id: str) -> list[tuple]:
+    from scheduler.archive import groups_from_table, read_archive
+    from scheduler.archive import root as archive_root
+
+    try:
+        table = read_archive(archive_root(cfg.run.run_dir))
+    except FileNotFoundError:
+        return []
+    table = table.filter(np.asarray(table["problem_id"].to_pylist()) == problem_id)
+    return list(zip(groups_from_table(table), table["learner_version"].to_pylist()))
+
+
+def trained_ids(cfg) -> set[str]:
+    """Fresh rollouts the learner's last checkpoint remembers training."""
+    from learner.checkpoint import read_state
+    from learner.checkpoint import latest_uri
+
+    uri = latest_uri(cfg.run.run_dir)
+    return set(read_state(uri).get("trained_rollouts", [])) if uri else set()
