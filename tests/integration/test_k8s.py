@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from schemas.config import load_config
-from schemas.topics import TOPICS, topic_name
+from schemas.topics import PROBLEMS, TOPICS, topic_name
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -81,7 +81,10 @@ def test_every_topic_has_a_matching_kafka_topic(overlay, tmp_path):
     assert set(topics) == {topic_name(run, kind) for kind in TOPICS}
     for kind, spec in TOPICS.items():
         t = topics[topic_name(run, kind)]
-        assert t["partitions"] == spec.partitions, kind
+        if kind == PROBLEMS:  # more partitions only let more producers share the dispatches
+            assert t["partitions"] >= spec.partitions
+        else:
+            assert t["partitions"] == spec.partitions, kind
         assert int(t["config"]["retention.ms"]) == spec.retention_ms, kind
         assert t["config"]["cleanup.policy"] == ("compact" if spec.compacted else "delete"), kind
         assert int(t["config"]["max.message.bytes"]) == max_bytes, kind
@@ -200,3 +203,22 @@ def test_secure_overlay_kafka_is_tls_scram_with_acls_per_service(tmp_path):
         env = {e["name"]: e for e in c["env"]}
         assert env["PRL_KAFKA_USERNAME"]["value"] == w["metadata"]["name"]
         assert env["PRL_KAFKA_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == w["metadata"]["name"]
+
+
+def test_autoscale_overlay_scales_producers_on_the_problems_lag(tmp_path):
+    """KEDA ScaledObject (fields as its CRD requires: scaleTargetRef.name, triggers with string
+    metadata) targets the producer Deployment, watches the producers' consumer group on the
+    problems topic of this run, and never asks for more producers than partitions."""
+    _, docs = build("autoscale", tmp_path)
+    (so,) = [d for d in docs if d["kind"] == "ScaledObject"]
+    cfg = tomllib.loads(config_of(docs))
+    deployment = next(w for w in workloads(docs) if w["metadata"]["name"] == so["spec"]["scaleTargetRef"]["name"])
+    assert deployment["kind"] == "Deployment" and deployment["spec"]["template"]["spec"]["containers"][0]["args"][0] == "producer"
+    (trigger,) = so["spec"]["triggers"]
+    meta = trigger["metadata"]
+    assert trigger["type"] == "kafka" and all(isinstance(v, str) for v in meta.values())
+    assert meta["consumerGroup"] == f"{cfg['run']['name']}.producers" and meta["topic"] == topic_name(cfg["run"]["name"], PROBLEMS)
+    assert meta["bootstrapServers"] == cfg["transport"]["kafka"]["bootstrap_servers"]
+    partitions = next(d["spec"]["partitions"] for d in docs if d["kind"] == "KafkaTopic" and d["spec"]["topicName"] == meta["topic"])
+    assert so["spec"]["minReplicaCount"] >= 1 and so["spec"]["maxReplicaCount"] <= partitions
+    assert cfg["scheduler"]["max_in_flight"] >= so["spec"]["maxReplicaCount"] * int(meta["lagThreshold"])
