@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import structlog
 
@@ -43,6 +44,7 @@ class Service:
                 raise ServiceStopped(str(exc)) from None
         self.publisher = transport.publisher()
         self.counters: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}  # time per phase (decode, encode, kafka_io, ...), see timed()
         self.last_step_at = time.monotonic()
 
     def topic(self, kind: str) -> str:
@@ -51,10 +53,23 @@ class Service:
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
+    @contextmanager
+    def timed(self, phase: str):
+        """Add the time spent in the block to ``seconds[phase]`` (where a service's time goes)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
     def send(self, kind: str, record, key: bytes | None = None) -> None:
         """Publish a record to this run's topic of ``kind``, signed when that kind is."""
-        topic, value = self.topic(kind), encode(record)
-        self.publisher.publish(topic, value, key=key, headers=headers(record) + self.signer.headers(kind, topic, value))
+        topic = self.topic(kind)
+        with self.timed("encode"):
+            value = encode(record)
+            hdrs = headers(record) + self.signer.headers(kind, topic, value)
+        with self.timed("kafka_io"):
+            self.publisher.publish(topic, value, key=key, headers=hdrs)
 
     def decode_or_dead_letter(self, msg: Message, expected: type):
         """The record in ``msg``, or None after sending ``msg`` to the dead-letter topic: too
@@ -66,7 +81,8 @@ class Service:
             kind = msg.topic.rsplit(".", 1)[-1]
             if problem := self.signer.problem(kind, msg.topic, msg.value, msg.header(SIGNATURE_HEADER)):
                 raise DecodeError(problem, f"{kind} messages must carry a valid signature")
-            return decode(msg.value, expected)
+            with self.timed("decode"):
+                return decode(msg.value, expected)
         except DecodeError as exc:
             self.dead_letter(msg, exc)
             return None

@@ -143,7 +143,8 @@ class Scheduler(Service):
         return None
 
     def accept_rollouts(self) -> None:
-        msgs = self.rollouts.poll(self.poll_s)
+        with self.timed("kafka_io"):
+            msgs = self.rollouts.poll(self.poll_s)
         outcomes: list[tuple[int, int, int]] = []  # (problem, solved, attempts), observed together
         for msg in msgs:
             group = self.decode_or_dead_letter(msg, RolloutGroup)
@@ -153,7 +154,8 @@ class Scheduler(Service):
             if problem is not None:
                 outcomes.append((problem, sum(r > 0 for r in group.rewards), len(group.rewards)))
         if outcomes:
-            self.sampler.observe_many(*zip(*outcomes), self.learner_version)
+            with self.timed("statistics"):
+                self.sampler.observe_many(*zip(*outcomes), self.learner_version)
         if msgs and not self.cfg.scheduler.snapshot_every:
             self.rollouts.commit()  # with snapshots, offsets are committed with each snapshot
 
@@ -206,15 +208,7 @@ class Scheduler(Service):
         cfg = self.cfg.scheduler
         while len(self.fresh) >= cfg.groups_per_batch and self.batches_ahead() < cfg.max_batches_ahead:
             groups, rest = self.fresh[: cfg.groups_per_batch], self.fresh[cfg.groups_per_batch :]
-            # The learner trains this batch after the ones already ahead of it, one version
-            # each: ages are counted at that version, so nothing arrives older than tau_max.
-            trained_at = self.learner_version + self.batches_ahead()
-            comp = compose_batch(
-                groups, seq=self.next_seq, learner_version=trained_at, rollouts_generated=self.rollouts_generated,
-                tau_max=cfg.tau_max, max_tokens=cfg.max_batch_tokens, buffer=self.replay,
-                replay_ratio=cfg.replay.ratio, warmup_updates=cfg.replay.warmup_updates,
-                drop_zero_signal=self.cfg.filters_zero_variance,
-            )
+            comp = self.compose(groups)
             self.fresh = comp.leftover + rest
             self.count_composition(comp)
             batch = comp.batch
@@ -223,11 +217,25 @@ class Scheduler(Service):
             self.next_seq += 1
             every = self.cfg.scheduler.snapshot_every
             if every and self.next_seq % every == 0:
-                self.snapshot(pending=batch)  # on storage before it is on the topic
+                with self.timed("snapshot"):
+                    self.snapshot(pending=batch)  # on storage before it is on the topic
             self.publish_batch(batch)
             self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
             if batch.seq % self.cfg.run.tracker_table_every == 0:
                 self.emit_table("rollouts", *rollout_sample(groups, batch), step=self.rollouts_generated)
+
+    def compose(self, groups: list[RolloutGroup]):
+        """The next batch from ``groups``. The learner trains it after the batches already
+        ahead of it, one version each: ages are counted at that version, so nothing arrives
+        older than tau_max."""
+        cfg = self.cfg.scheduler
+        with self.timed("compose_and_replay"):
+            return compose_batch(
+                groups, seq=self.next_seq, learner_version=self.learner_version + self.batches_ahead(),
+                rollouts_generated=self.rollouts_generated, tau_max=cfg.tau_max, max_tokens=cfg.max_batch_tokens,
+                buffer=self.replay, replay_ratio=cfg.replay.ratio, warmup_updates=cfg.replay.warmup_updates,
+                drop_zero_signal=self.cfg.filters_zero_variance,
+            )
 
     def count_composition(self, comp) -> None:
         """What a composition dropped, and the completion lengths of what it trained and
@@ -246,7 +254,8 @@ class Scheduler(Service):
 
     def publish_batch(self, batch: TrainBatch) -> None:
         self.send(BATCHES, batch)
-        self.publisher.flush()
+        with self.timed("kafka_io"):
+            self.publisher.flush()
 
     def batches_ahead(self) -> int:
         return self.next_seq - (self.learner_last_seq + 1)
@@ -256,10 +265,12 @@ class Scheduler(Service):
         if room <= 0:
             return
         busy = {f.problem for f in self.in_flight.values()}
-        chosen = self.sampler.next(room, busy)
+        with self.timed("statistics"):
+            chosen = self.sampler.next(room, busy)
         for idx in chosen:
             self.dispatch(idx, 0)
-        self.publisher.flush()
+        with self.timed("kafka_io"):
+            self.publisher.flush()
         if not chosen and not self.in_flight:
             raise NoProblemsLeft(self.why_no_problems())
 
@@ -341,6 +352,7 @@ class Scheduler(Service):
             "batch_replayed": sum(r.is_replay for r in batch.rollouts),
             **({f"replay/{k}": v for k, v in self.replay.metrics(self.learner_version).items()} if self.replay else {}),
             "in_flight": len(self.in_flight),
+            **{f"seconds/{k}": v for k, v in self.seconds.items()},
             "completion_tokens/trained_mean": self.counters.get("trained_completion_tokens", 0)
             / max(1, self.counters.get("trained_fresh_rollouts", 0)),
             "completion_tokens/stale_dropped_mean": self.counters.get("stale_completion_tokens", 0)

@@ -79,9 +79,9 @@ class Cluster:
         self.procs: dict[str, Process] = {}
         self.starts: Counter = Counter()
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, *overrides: str) -> None:
         service, _, index = name.partition("-")
-        extra = ["--set", f'producer.producer_id="{name}"'] if index else []
+        extra = (["--set", f'producer.producer_id="{name}"'] if index else []) + [a for o in overrides for a in ("--set", o)]
         log = self.dir / f"{name}.{self.starts[name]}.log"
         self.starts[name] += 1
         self.procs[name] = Process([sys.executable, "-m", "prl.cli", service, "--config", str(self.config), *extra],
@@ -296,3 +296,28 @@ def test_a_batch_far_ahead_does_not_stall_the_learner(s3, tmp_path, run_name):
         cluster.stop_all()
         broker.stop()
     print(f"\nbatch far ahead: {figures}")
+
+
+def test_new_producers_join_the_group_after_a_broker_restart_and_a_clean_stop(s3, broker_s3, tmp_path, run_name):
+    """The broker restarts on its storage mid-run, the run finishes and every service stops
+    cleanly; then the run is continued with a producer that never ran before: it must be
+    given dispatches by the existing group and the learner must go on stepping."""
+    broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, log_path=tmp_path / "broker.log")
+    cluster = Cluster(tmp_path, broker, run_name)
+    try:
+        for name in SERVICES:
+            cluster.start(name)
+        cluster.wait_for_step(3)
+        broker.stop(signal.SIGKILL)
+        broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, port=broker.port, log_path=tmp_path / "broker.1.log")
+        cluster.broker = broker
+        cluster.finish()  # every service exits cleanly at the last step
+        more = f"learner.max_steps={MAX_STEPS + 4}"
+        for name in ("scheduler", "learner", "producer-2"):
+            cluster.start(name, more)
+        cluster.wait_for_step(MAX_STEPS + 4, timeout_s=240)
+        groups = read_topic(broker.bootstrap, topic_name(run_name, ROLLOUTS), RolloutGroup)
+        assert any(g.producer_id == "producer-2" for g in groups)
+    finally:
+        cluster.stop_all()
+        broker.stop()
