@@ -20,7 +20,7 @@ import numpy as np
 
 from learner import checkpoint, distributed
 from learner.evaluate import encode_heldout, heldout_accuracy
-from learner.sources import FileSource, TopicSource
+from learner.sources import FileSource, TopicSource, resolve_batch
 from learner.train import make_optimizer, train_step
 from prl import storage
 from prl.formulas import rollout_age
@@ -29,8 +29,8 @@ from prl.models import export_state, load_model, load_state, load_tokenizer, res
 from prl.rewards import load_reward
 from prl.service import Service, ServiceStopped
 from prl.tasks import heldout_problems
-from schemas import PolicyVersion, TrainBatch, decode, encode
-from schemas.topics import BATCHES, POLICY
+from schemas import DecodeError, PolicyVersion, TrainBatch, TrainBatchRefs, decode, encode
+from schemas.topics import BATCHES, POLICY, ROLLOUTS
 
 
 TRAINED_MEMORY = 20_000  # fresh rollout ids remembered (and checkpointed) to refuse a second training
@@ -38,7 +38,7 @@ TRAINED_MEMORY = 20_000  # fresh rollout ids remembered (and checkpointed) to re
 
 class Learner(Service):
     name = "learner"
-    reads, writes = (BATCHES,), (POLICY,)
+    reads, writes = (BATCHES, ROLLOUTS), (POLICY,)  # rollouts: claim-check batches are fetched from it
 
     def __init__(self, cfg, transport, metrics=None):
         self.dist = distributed.setup()
@@ -58,7 +58,7 @@ class Learner(Service):
         self.resume_and_shard()
         self.log.info("memory", **distributed.memory_report(self.model, self.dist))
         self.prepare_evaluation()
-        self.source, self.exhausted = None, False
+        self.source, self.exhausted, self.reader = None, False, None  # reader: claim-check batches, made on first use
         if self.is_main:
             self.source = FileSource(cfg.learner.batches_from) if cfg.learner.batches_from else \
                 TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
@@ -112,7 +112,7 @@ class Learner(Service):
         data = None
         if self.is_main:
             msg, self.exhausted = self.source.next(self.poll_s)
-            batch = self.decode_or_dead_letter(msg, TrainBatch) if msg is not None else None
+            batch = self.resolve(msg) if msg is not None else None
             if batch is not None and (problem := self.batch_problem(batch)):
                 self.reject(msg, *problem)
                 self.commit_if_checkpointed()  # a restart does not read it again
@@ -125,6 +125,23 @@ class Learner(Service):
         elif data is not None:
             self.train_on(decode(data, TrainBatch))
         return self.version >= self.cfg.learner.max_steps or self.exhausted
+
+    def resolve(self, msg) -> TrainBatch | None:
+        """The batch in ``msg`` (a claim-check batch with its rollouts fetched), or None after
+        dead-lettering it."""
+        record = self.decode_or_dead_letter(msg, (TrainBatch, TrainBatchRefs))
+        if record is None:
+            return None
+        if isinstance(record, TrainBatchRefs) and self.reader is None:
+            self.reader = self.transport.reader()
+        try:
+            with self.timed("fetch"):
+                batch, fetched = resolve_batch(record, self.reader, self.topic(ROLLOUTS))
+        except DecodeError as exc:
+            self.dead_letter(msg, exc)
+            return None
+        self.count("fetched_bytes", fetched)
+        return batch
 
     def batch_problem(self, batch: TrainBatch) -> tuple[str, str] | None:
         """(reason, detail) if ``batch`` must not be trained: outside the window the
@@ -253,6 +270,8 @@ class Learner(Service):
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
+        if self.reader is not None:
+            self.reader.close()
         storage.wait_for_pruning()  # old checkpoints are deleted in the background
         super().close()
         if self.dist is not None:

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import tomli_w
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -86,3 +88,21 @@ class S3Server(Process):
 
         boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id="test", aws_secret_access_key="test",
                      region_name="us-east-1").create_bucket(Bucket=name)
+
+
+def write_kafka_config(path: Path, bootstrap: str, run_name: str, run_dir: str, **sections: dict) -> Path:
+    """A TOML config for services started as `prl` processes against a test broker: the run
+    on the Kafka transport (short group sessions, JSON logs), small batches for the tiny
+    model, one torch thread per service; ``sections`` add to or override a section each
+    (``scheduler={"tau_max": 3}``)."""
+    config = {
+        "run": {"name": run_name, "run_dir": run_dir, "log_format": "json"},
+        "transport": {"type": "kafka", "kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 3000}},
+        "scheduler": {"groups_per_batch": 4, "max_in_flight": 8},
+        "producer": {"max_dispatches_per_call": 4, "threads": 1},
+        "learner": {"eval_every": 0, "checkpoint_every": 1, "threads": 1},
+    }
+    for name, values in sections.items():
+        config[name] = {**config.get(name, {}), **values}
+    path.write_text(tomli_w.dumps(config))
+    return path

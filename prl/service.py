@@ -71,9 +71,10 @@ class Service:
         with self.timed("kafka_io"):
             self.publisher.publish(topic, value, key=key, headers=hdrs)
 
-    def decode_or_dead_letter(self, msg: Message, expected: type):
+    def decode_or_dead_letter(self, msg: Message, expected: type | tuple[type, ...]):
         """The record in ``msg``, or None after sending ``msg`` to the dead-letter topic: too
-        big, unsigned or badly signed (for a signed kind), or not a valid record of ``expected``."""
+        big, unsigned or badly signed (for a signed kind), or not a valid record of ``expected``
+        (a kind, or a tuple of kinds)."""
         try:
             limit = self.cfg.transport.kafka.max_message_bytes
             if len(msg.value) > limit:
@@ -82,7 +83,12 @@ class Service:
             if problem := self.signer.problem(kind, msg.topic, msg.value, msg.header(SIGNATURE_HEADER)):
                 raise DecodeError(problem, f"{kind} messages must carry a valid signature")
             with self.timed("decode"):
-                return decode(msg.value, expected)
+                if not isinstance(expected, tuple):
+                    return decode(msg.value, expected)
+                record = decode(msg.value)
+            if not isinstance(record, expected):
+                raise DecodeError("wrong_kind", f"expected {' or '.join(c.KIND for c in expected)}, got {record.KIND}")
+            return record
         except DecodeError as exc:
             self.dead_letter(msg, exc)
             return None

@@ -28,7 +28,7 @@ from scheduler.archive import RolloutArchive
 from scheduler.archive import root as archive_root
 from scheduler.samplers import make_sampler
 from scheduler.snapshot import read_snapshot, write_snapshot
-from schemas import Dispatch, PolicyVersion, RolloutGroup, Sampling, TrainBatch
+from schemas import Dispatch, PolicyVersion, RolloutGroup, RolloutRef, Sampling, TrainBatch, TrainBatchRefs
 from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 
@@ -77,6 +77,7 @@ class Scheduler(Service):
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
+        self.coords: dict[str, tuple[str, int, int]] = {}  # dispatch id -> its group's message (claim-check)
         self.retired_reasons: dict[str, str] = {}  # error kind -> its latest message
         self.fresh: list[RolloutGroup] = []
         r = cfg.scheduler.replay
@@ -150,6 +151,8 @@ class Scheduler(Service):
             group = self.decode_or_dead_letter(msg, RolloutGroup)
             if group is None or not self.acceptable(msg, group):
                 continue
+            if self.cfg.scheduler.claim_check:  # where the group is, for batches that reference it
+                self.coords[group.dispatch_id] = (msg.topic, msg.partition, msg.offset)
             problem = self.accept(group)
             if problem is not None:
                 outcomes.append((problem, sum(r > 0 for r in group.rewards), len(group.rewards)))
@@ -253,9 +256,31 @@ class Scheduler(Service):
             self.count("trained_completion_tokens", sum(len(r.completion_ids) for r in fresh))
 
     def publish_batch(self, batch: TrainBatch) -> None:
-        self.send(BATCHES, batch)
+        self.send(BATCHES, self.claim_check(batch) if self.cfg.scheduler.claim_check else batch)
         with self.timed("kafka_io"):
             self.publisher.flush()
+
+    def claim_check(self, batch: TrainBatch) -> TrainBatchRefs:
+        """The batch as references to its rollouts' group messages (the learner fetches them)."""
+        refs = []
+        for r in batch.rollouts:
+            dispatch_id, index = r.rollout_id.rsplit("/", 1)
+            topic, partition, offset = self.coords[dispatch_id]
+            refs.append(RolloutRef(r.rollout_id, topic, partition, offset, int(index), r.policy_version, r.is_replay,
+                                   r.advantage))
+        self.prune_coords()
+        return TrainBatchRefs(batch.batch_id, batch.seq, batch.learner_version, batch.rollouts_generated, refs,
+                              batch.created_at)
+
+    def prune_coords(self) -> None:
+        """Forget where groups are once no fresh group or replayable rollout needs them."""
+        live_limit = 2 * (self.cfg.scheduler.replay.capacity + self.cfg.scheduler.max_in_flight)
+        if len(self.coords) <= live_limit:
+            return
+        live = {g.dispatch_id for g in self.fresh}
+        if self.replay is not None:
+            live |= {r.rollout_id.rsplit("/", 1)[0] for r in self.replay.state_dict()[1]}
+        self.coords = {d: c for d, c in self.coords.items() if d in live}
 
     def batches_ahead(self) -> int:
         return self.next_seq - (self.learner_last_seq + 1)
@@ -301,6 +326,7 @@ class Scheduler(Service):
         return {
             **{name: getattr(self, name) for name in self.SCALARS},
             "in_flight": {did: [f.problem, f.issued_at, f.attempt] for did, f in self.in_flight.items()},
+            "coords": {did: list(c) for did, c in self.coords.items()},
             "sampler": self.sampler.state_dict(),
             "replay": replay_state,
         }
@@ -309,6 +335,7 @@ class Scheduler(Service):
         for name in self.SCALARS:
             setattr(self, name, state.get(name, getattr(self, name)))  # snapshots from before a field existed
         self.in_flight = {did: InFlight(*v) for did, v in state["in_flight"].items()}
+        self.coords = {did: tuple(c) for did, c in state.get("coords", {}).items()}
         self.sampler.load_state_dict(state["sampler"])
         self.fresh = fresh
         if self.replay is not None and state.get("replay"):

@@ -124,6 +124,7 @@ class SchedulerConfig(Section):
     dynamic_sampling: bool | None = Field(None, description="Generate until groups_per_batch groups with a signal fill a batch (DAPO dynamic sampling: full batches, more generation per step); unset: on for dapo_filter, off otherwise.")
     tau_max: int = Field(10, ge=0, description="Rollouts more than tau_max policy versions old are never trained on.")
     max_batches_ahead: int = Field(2, ge=1, description="Batches published but not yet trained, at most.")
+    claim_check: bool = Field(False, description="Batches reference the rollout group messages (topic, partition, offset) instead of copying the tokens; the learner fetches them (fewer broker bytes; the rollouts topic's retention must cover the replay window).")
     archive: bool = Field(True, description="Write every accepted rollout group to Parquet under <run_dir>/archive (scheduler/archive.py documents the schema).")
     archive_max_rows: int = Field(10_000, ge=1, description="Rollout groups per archive file, at most.")
     snapshot_every: int = Field(1, ge=0, description="Snapshot state to <run_dir>/scheduler every N batches (0: never). 1 makes restarts exact; with N > 1 a restart recomposes up to N-1 batches and the learner drops the rollouts it already trained.")

@@ -269,6 +269,44 @@ class TrainBatch:
             _require(valid_token_ids(r.prompt_ids) and valid_token_ids(r.completion_ids), "invalid_value", "negative token id")
 
 
+@record()
+class RolloutRef:
+    """Where a trained rollout is: the rollout group message on the rollouts topic (the
+    rollout is ``index`` in that group), with what the batch adds to it."""
+
+    rollout_id: str  # "<dispatch_id>/<index>"
+    topic: str
+    partition: Int32
+    offset: int
+    index: Int32
+    policy_version: int
+    is_replay: bool
+    advantage: Float32
+
+
+@record("train_batch_refs")
+class TrainBatchRefs:
+    """A claim-check TrainBatch: references to the rollouts instead of copies of their tokens
+    (the learner fetches the groups from the rollouts topic). Fresh references first."""
+
+    batch_id: str
+    seq: int
+    learner_version: int
+    rollouts_generated: int
+    refs: list[RolloutRef]
+    created_at: float = 0.0
+
+    def validate(self) -> None:
+        _require(0 <= self.seq <= MAX_COUNT, "invalid_value", "seq out of range")
+        _require(0 <= self.learner_version <= MAX_COUNT, "invalid_value", "learner_version out of range")
+        _require(0 <= self.rollouts_generated <= 1 << 62, "invalid_value", "rollouts_generated out of range")
+        _require(len(self.refs) > 0, "invalid_value", "no rollouts")
+        for r in self.refs:
+            _require(0 <= r.policy_version <= MAX_COUNT, "invalid_value", "policy_version out of range")
+            _require(r.partition >= 0 and r.offset >= 0 and 0 <= r.index < 4096, "invalid_value", "bad reference")
+            _require(math.isfinite(r.advantage), "invalid_value", "advantage is not finite")
+
+
 @record("policy_version")
 class PolicyVersion:
     """The learner announces new weights. ``checkpoint_uri`` is empty between checkpoints."""
@@ -301,7 +339,7 @@ class DeadLetter:
         pass
 
 
-RECORD_TYPES = {cls.KIND: cls for cls in (Dispatch, RolloutGroup, TrainBatch, PolicyVersion, DeadLetter)}
+RECORD_TYPES = {cls.KIND: cls for cls in (Dispatch, RolloutGroup, TrainBatch, TrainBatchRefs, PolicyVersion, DeadLetter)}
 
 
 def valid_temperature(t: float) -> bool:
@@ -330,8 +368,9 @@ def record_row(record) -> dict:
     row = _fields(record)
     if "sampling" in row:
         row["sampling"] = _fields(row["sampling"])
-    if "rollouts" in row:
-        row["rollouts"] = [_fields(r) for r in row["rollouts"]]
+    for nested in ("rollouts", "refs"):
+        if nested in row:
+            row[nested] = [_fields(r) for r in row[nested]]
     return row
 
 
@@ -465,4 +504,6 @@ def _from_row(cls, row: dict):
         row["rollouts"] = [Rollout(**r) for r in row["rollouts"]]
     elif cls is TrainBatch:
         row["rollouts"] = [TrainRollout(**r) for r in row["rollouts"]]
+    elif cls is TrainBatchRefs:
+        row["refs"] = [RolloutRef(**r) for r in row["refs"]]
     return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})

@@ -1,11 +1,12 @@
-"""The transport: two small interfaces (prl/transport/base.py) and this factory.
+"""The transport: small interfaces (prl/transport/base.py: publisher, subscriber, and a reader
+by position for claim-check batches) and this factory.
 
 Implementations: prl/transport/memory.py (in-process, for `prl run` and tests) and
 prl/transport/kafka.py (a deployment). Both import the interfaces; only the factory here
 knows them both.
 """
 
-from prl.transport.base import Message, Publisher, Subscriber, Transport, TransportError
+from prl.transport.base import Message, Publisher, Reader, Subscriber, Transport, TransportError
 
 
 def make_transport(cfg, *, memory_broker=None) -> Transport:
@@ -19,4 +20,4 @@ def make_transport(cfg, *, memory_broker=None) -> Transport:
     return KafkaTransport(cfg.kafka)
 
 
-__all__ = ["Message", "Publisher", "Subscriber", "Transport", "TransportError", "make_transport"]
+__all__ = ["Message", "Publisher", "Reader", "Subscriber", "Transport", "TransportError", "make_transport"]

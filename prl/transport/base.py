@@ -60,6 +60,18 @@ class Subscriber(abc.ABC):
         pass
 
 
+class Reader(abc.ABC):
+    """Random access to messages by position (claim-check batches name the rollouts they train)."""
+
+    @abc.abstractmethod
+    def get_many(self, coords: list[tuple[str, int, int]], timeout_s: float = 30.0) -> dict[tuple[str, int, int], Message]:
+        """The messages at these (topic, partition, offset); one that is not there (expired,
+        never written) is left out."""
+
+    def close(self) -> None:
+        pass
+
+
 class Transport(abc.ABC):
     @abc.abstractmethod
     def ensure_topics(self, run: str) -> None:
@@ -72,6 +84,9 @@ class Transport(abc.ABC):
     def subscriber(self, topics: list[str], *, group: str | None, from_beginning: bool = True) -> Subscriber:
         """A group member (shares partitions, resumes at committed offsets) or, with
         ``group=None``, a reader of every partition from the beginning or the end."""
+
+    @abc.abstractmethod
+    def reader(self) -> Reader: ...
 
     def close(self) -> None:
         pass

@@ -13,7 +13,7 @@ import uuid
 
 import structlog
 
-from prl.transport.base import Message, Publisher, Subscriber, Transport, TransportError
+from prl.transport.base import Message, Publisher, Reader, Subscriber, Transport, TransportError
 from schemas.topics import TOPICS
 
 log = structlog.get_logger("transport.kafka")
@@ -142,6 +142,57 @@ class KafkaSubscriber(Subscriber):
         self._consumer.close(autocommit=False)
 
 
+class KafkaReader(Reader):
+    """Messages by position: per partition, seek to the first wanted offset and read forward,
+    seeking again over a gap wider than ``SKIP`` messages."""
+
+    SKIP = 64
+
+    def __init__(self, cfg):
+        from kafka import KafkaConsumer
+
+        self._consumer = KafkaConsumer(**client_settings(cfg), group_id=None, enable_auto_commit=False,
+                                       max_partition_fetch_bytes=cfg.max_message_bytes,
+                                       fetch_max_bytes=max(cfg.max_message_bytes, 52428800))
+
+    def get_many(self, coords, timeout_s=30.0):
+        from kafka import TopicPartition
+
+        wanted: dict = {}
+        for topic, partition, offset in coords:
+            wanted.setdefault(TopicPartition(topic, partition), set()).add(offset)
+        out = {}
+        for tp, offsets in wanted.items():
+            out.update(self._read(tp, sorted(offsets), timeout_s))
+        return out
+
+    def _read(self, tp, offsets: list[int], timeout_s: float) -> dict:
+        from kafka.errors import KafkaError
+
+        self._consumer.assign([tp])
+        out, pending = {}, list(offsets)
+        deadline = time.monotonic() + timeout_s
+        try:
+            self._consumer.seek(tp, pending[0])
+            while pending and time.monotonic() < deadline:
+                for r in self._consumer.poll(timeout_ms=500, max_records=500).get(tp, []):
+                    if r.offset in offsets:
+                        out[(tp.topic, tp.partition, r.offset)] = Message(r.topic, r.partition, r.offset, r.key, r.value,
+                                                                          list(r.headers or []), r.timestamp)
+                pending = [o for o in pending if (tp.topic, tp.partition, o) not in out]
+                position = self._consumer.position(tp)
+                if pending and pending[0] - position > self.SKIP:
+                    self._consumer.seek(tp, pending[0])
+                elif pending and pending[0] < position:
+                    pending.pop(0)  # passed without a message at that offset (compacted, or never there)
+        except KafkaError as exc:
+            raise TransportError(f"read failed: {type(exc).__name__}: {exc}") from None
+        return out
+
+    def close(self):
+        self._consumer.close(autocommit=False)
+
+
 REACH_TIMEOUT_S = 10.0
 
 
@@ -198,3 +249,6 @@ class KafkaTransport(Transport):
 
     def subscriber(self, topics, *, group, from_beginning=True):
         return KafkaSubscriber(self.cfg, list(topics), group, from_beginning)
+
+    def reader(self):
+        return KafkaReader(self.cfg)

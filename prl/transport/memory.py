@@ -8,7 +8,7 @@ import threading
 import time
 import zlib
 
-from prl.transport.base import Message, Publisher, Subscriber, Transport
+from prl.transport.base import Message, Publisher, Reader, Subscriber, Transport
 from schemas.topics import TOPICS
 
 
@@ -97,6 +97,20 @@ class MemorySubscriber(Subscriber):
                 self.broker.committed.update(self.polled)
 
 
+class MemoryReader(Reader):
+    def __init__(self, broker: MemoryBroker):
+        self.broker = broker
+
+    def get_many(self, coords, timeout_s=30.0):
+        out = {}
+        with self.broker._cond:
+            for topic, partition, offset in coords:
+                parts = self.broker._logs.get(topic, [])
+                if 0 <= partition < len(parts) and 0 <= offset < len(parts[partition]):
+                    out[(topic, partition, offset)] = parts[partition][offset]
+        return out
+
+
 class MemoryTransport(Transport):
     def __init__(self, broker: MemoryBroker | None = None):
         self.broker = broker or MemoryBroker()
@@ -110,3 +124,6 @@ class MemoryTransport(Transport):
 
     def subscriber(self, topics, *, group, from_beginning=True):
         return MemorySubscriber(self.broker, list(topics), group, from_beginning)
+
+    def reader(self):
+        return MemoryReader(self.broker)

@@ -27,8 +27,7 @@ from scheduler.snapshot import read_snapshot
 from schemas import DeadLetter, Dispatch, PolicyVersion, RolloutGroup, TrainBatch, TrainRollout, decode, encode, headers
 from schemas.config import KafkaConfig
 from schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS, topic_name
-from prl.servers import KafkaBroker, Process, S3Server, wait_until
-from tests.support.configs import write_kafka_config
+from prl.servers import KafkaBroker, Process, S3Server, wait_until, write_kafka_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

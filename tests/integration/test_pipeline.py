@@ -387,3 +387,37 @@ def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys
     assert main(["explain", never, "--set", f"run.run_dir='{run}'"]) == 0
     out = capsys.readouterr().out
     assert "never tried" in out and "no archived group" in out
+
+
+@pytest.mark.parametrize("claim_check", [False, True])
+def test_claim_check_batches_train_the_same_rollouts_as_copies(tmp_path, claim_check):
+    """With scheduler.claim_check the batches carry references (topic, partition, offset)
+    instead of tokens; the learner fetches the groups and trains exactly what a copying run
+    trains: same batches, same rollouts, far fewer bytes on the batch topic."""
+    from learner.service import Learner
+    from producers.service import Producer
+    from scheduler.service import Scheduler
+    from schemas import TrainBatchRefs
+    from schemas.topics import BATCHES
+
+    cfg = small_config(tmp_path, **{"scheduler.claim_check": str(claim_check).lower(), "scheduler.replay.warmup_updates": 0,
+                                    "learner.max_steps": 4})
+    broker = MemoryBroker()
+    transport = MemoryTransport(broker)
+    transport.ensure_topics(cfg.run.name)
+    learner, scheduler, producer = Learner(cfg, transport), Scheduler(cfg, transport), Producer(cfg, transport)
+
+    def trained_four():
+        scheduler.step()
+        producer.step()
+        return learner.step() or learner.version >= 4
+
+    wait_until(trained_four, 120, "four learner steps")
+    batches = [m for p in broker.partitions(topic_name(cfg.run.name, BATCHES)) for m in p]
+    kinds = {decode(m.value).KIND for m in batches}
+    assert kinds == ({"train_batch_refs"} if claim_check else {"train_batch"})
+    assert learner.counters.get("dead_lettered/unresolvable_ref", 0) == 0 and len(learner.trained) > 0
+    if claim_check:
+        refs = [r for m in batches for r in decode(m.value, TrainBatchRefs).refs]
+        assert any(r.is_replay for r in refs) and learner.counters["fetched_bytes"] > 0
+        assert max(len(m.value) for m in batches) < 20_000  # references only

@@ -14,8 +14,7 @@ from prl.transport.kafka import KafkaTransport
 from schemas import RolloutGroup, decode
 from schemas.config import KafkaConfig
 from schemas.topics import ROLLOUTS, topic_name
-from prl.servers import Process, wait_until
-from tests.support.configs import write_kafka_config
+from prl.servers import Process, wait_until, write_kafka_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -1,0 +1,276 @@
+"""`prl bench scale`: how many producers one scheduler keeps up with, on this machine.
+
+The real scheduler (`prl scheduler`, its own process) on the real broker (tansu), fed by
+simulated producers: consumer-group members that answer each dispatch with a synthetic
+rollout group (G rollouts of ``--tokens`` completion tokens with log-probs, a realistic mix of
+all-wrong, all-right and mixed rewards) after a simulated generation time, and a learner that
+only acknowledges (it announces a new version per batch). The producer count is ramped until
+the scheduler falls behind (the groups it has not accepted yet keep growing). Reported per
+step: groups/s and MB/s offered and accepted, the scheduler's CPU per group and where its
+time goes (decode, statistics, compose and replay, encode, Kafka I/O, snapshots), dispatch
+latency (issued -> taken by a producer) p50/p99; and raw kafka-python moving the same bytes
+(one producer, one consumer) as the ceiling. ``--claim-check`` runs the scheduler with
+claim-check batches (references instead of copies) for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import write_json
+
+REWARD_MIX = ((0.5, [0.0] * 8), (0.2, [1.0] * 8), (0.3, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]))  # wrong, right, mixed
+
+
+class Templates:
+    """Pre-built rollouts (random tokens and log-probs) reused for every simulated group."""
+
+    def __init__(self, tokens: int, group_size: int, seed: int = 0):
+        from schemas import Rollout
+
+        rng = np.random.default_rng(seed)
+        self.prompt = rng.integers(3, 16, 40, dtype=np.int32)
+        self.by_mix = [[Rollout(rng.integers(3, 16, tokens, dtype=np.int32), -rng.random(tokens, dtype=np.float32) - 0.01,
+                                r, "length", "") for r in rewards[:group_size]] for _, rewards in REWARD_MIX]
+        self.weights = np.array([w for w, _ in REWARD_MIX])
+
+    def group(self, d, producer_id: str, rng):
+        from schemas import RolloutGroup
+
+        rollouts = self.by_mix[int(rng.choice(len(self.by_mix), p=self.weights))]
+        return RolloutGroup(d.dispatch_id, d.problem_id, d.learner_version, producer_id, self.prompt, d.sampling.temperature,
+                            rollouts, 0.05, 0.0, time.time())
+
+
+class SimProducer(threading.Thread):
+    """One simulated generation pod: takes up to ``per_call`` dispatches, "generates" for
+    ``call_s``, publishes one group per dispatch, commits."""
+
+    def __init__(self, transport, run: str, name: str, templates: Templates, per_call: int, call_s: float, stats: dict):
+        super().__init__(daemon=True, name=name)
+        from schemas.topics import PROBLEMS, ROLLOUTS, topic_name
+
+        self.sub = transport.subscriber([topic_name(run, PROBLEMS)], group=f"{run}.producers")
+        self.pub = transport.publisher()
+        self.rollouts_topic = topic_name(run, ROLLOUTS)
+        self.templates, self.per_call, self.call_s, self.stats = templates, per_call, call_s, stats
+        self.stop = threading.Event()
+        self.rng = np.random.default_rng(hash(name) % 2**32)
+
+    def run(self) -> None:
+        from schemas import Dispatch, decode, encode, headers
+
+        while not self.stop.is_set():
+            msgs = self.sub.poll(0.2, max_records=self.per_call)
+            if not msgs:
+                continue
+            taken = time.time()
+            dispatches = [decode(m.value, Dispatch) for m in msgs]
+            self.stats["latency"] += [taken - d.issued_at for d in dispatches]
+            time.sleep(self.call_s)  # generation
+            for d in dispatches:
+                value = encode(g := self.templates.group(d, self.name, self.rng))
+                self.pub.publish(self.rollouts_topic, value, key=d.problem_id.encode(), headers=headers(g))
+                self.stats["groups"] += 1
+                self.stats["bytes"] += len(value)
+            self.pub.flush()
+            self.sub.commit()
+        self.sub.close()
+        self.pub.close()
+
+
+class AckLearner(threading.Thread):
+    """Reads every batch (fetching claim-checked rollouts too) and announces a version per batch."""
+
+    def __init__(self, transport, cfg, stats: dict):
+        super().__init__(daemon=True, name="ack-learner")
+        from schemas.topics import BATCHES, topic_name
+
+        self.cfg, self.transport, self.stats = cfg, transport, stats
+        self.sub = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=f"{cfg.run.name}.learner")
+        self.pub = transport.publisher()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from learner.sources import resolve_batch
+        from schemas import PolicyVersion, decode, encode, headers
+        from schemas.topics import POLICY, topic_name
+
+        version, reader = 0, self.transport.reader()
+        while not self.stop.is_set():
+            for m in self.sub.poll(0.2, max_records=1):
+                batch, fetched = resolve_batch(decode(m.value), reader)
+                version += 1
+                self.stats["batches"] += 1
+                self.stats["trained_rollouts"] += len(batch.rollouts)
+                self.stats["batch_bytes"] += len(m.value)
+                self.stats["fetched_bytes"] += fetched
+                record = PolicyVersion(version, "", batch.seq, time.time())
+                self.pub.publish(topic_name(self.cfg.run.name, POLICY), encode(record), key=b"run", headers=headers(record))
+                self.pub.flush()
+                self.sub.commit()
+        self.sub.close()
+        self.pub.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scheduler_figures(run_dir: Path) -> dict:
+    """The scheduler's last metrics line: groups accepted and seconds per phase."""
+    lines = [json.loads(x) for x in (run_dir / "metrics-scheduler.jsonl").read_text().splitlines()] \
+        if (run_dir / "metrics-scheduler.jsonl").exists() else []
+    last = lines[-1] if lines else {}
+    return {"accepted": last.get("scheduler/groups_returned", 0),
+            "seconds": {k.split("/", 2)[2]: v for k, v in last.items() if k.startswith("scheduler/seconds/")}}
+
+
+def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args) -> Path:
+    from prl.servers import write_kafka_config
+
+    return write_kafka_config(
+        path, bootstrap, run, str(run_dir),
+        run={"log_format": "json", "log_level": "warning"},
+        transport={"kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000, "max_message_bytes": 64 << 20}},
+        task={"train_per_digit": [80, 8000, 20000, 20000]},
+        sampling={"group_size": 8, "max_tokens": args.tokens},
+        scheduler={"groups_per_batch": args.groups_per_batch, "max_in_flight": args.max_in_flight, "max_batches_ahead": 4,
+                   "max_batch_tokens": 1 << 30, "snapshot_every": 20, "archive": False, "claim_check": args.claim_check,
+                   "dispatch_timeout_s": 600.0},
+    )
+
+
+def ramp(args, bootstrap: str, work: Path) -> list[dict]:
+    from prl.servers import Process
+    from prl.transport.kafka import KafkaTransport
+    from schemas.config import load_config
+
+    run, run_dir = f"scale{int(time.time())}", work / "run"
+    config = write_config(work / "config.toml", bootstrap, run, run_dir, args)
+    cfg = load_config(config)
+    transport = KafkaTransport(cfg.transport.kafka)
+    transport.ensure_topics(run)
+    scheduler = Process([sys.executable, "-m", "prl.cli", "scheduler", "--config", str(config)], log_path=work / "scheduler.log")
+    learner_stats = {"batches": 0, "trained_rollouts": 0, "batch_bytes": 0, "fetched_bytes": 0}
+    learner = AckLearner(transport, cfg, learner_stats)
+    learner.start()
+    templates = Templates(args.tokens, 8)
+    producers: list[SimProducer] = []
+    steps = []
+    try:
+        for count in args.producers:
+            while len(producers) < count:
+                stats = {"latency": [], "groups": 0, "bytes": 0}
+                producers.append(SimProducer(transport, run, f"sim-{len(producers)}", templates, args.per_call, args.call_s, stats))
+                producers[-1].start()
+            steps.append(measure(producers, scheduler.proc.pid, run_dir, learner_stats, args.seconds, count))
+            print(format_step(steps[-1]), flush=True)
+            if steps[-1]["backlog_growth_per_s"] > 0.2 * steps[-1]["offered_groups_per_s"] and len(steps) > 1:
+                break  # the scheduler fell behind: groups pile up unaccepted
+    finally:
+        for p in producers:
+            p.stop.set()
+        learner.stop.set()
+        scheduler.stop()
+    return steps
+
+
+def measure(producers, pid: int, run_dir: Path, learner_stats: dict, seconds: float, count: int) -> dict:
+    time.sleep(seconds / 3)  # settle after adding producers
+    before = (sum(p.stats["groups"] for p in producers), sum(p.stats["bytes"] for p in producers),
+              scheduler_figures(run_dir), cpu_seconds(pid), dict(learner_stats))
+    for p in producers:
+        p.stats["latency"] = []
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    dt = time.monotonic() - t0
+    groups, nbytes = sum(p.stats["groups"] for p in producers) - before[0], sum(p.stats["bytes"] for p in producers) - before[1]
+    sched = scheduler_figures(run_dir)
+    accepted = sched["accepted"] - before[2]["accepted"]
+    latency = sorted(x for p in producers for x in p.stats["latency"])
+    trained = learner_stats["trained_rollouts"] - before[4]["trained_rollouts"]
+    broker_bytes = nbytes + learner_stats["batch_bytes"] - before[4]["batch_bytes"]
+    return {
+        "producers": count, "offered_groups_per_s": groups / dt, "accepted_groups_per_s": accepted / dt,
+        "backlog_growth_per_s": (groups - accepted) / dt, "MB_per_s_in": nbytes / dt / 1e6,
+        "scheduler_cpu_per_s": (cpu_seconds(pid) - before[3]) / dt,
+        "scheduler_cpu_ms_per_group": 1e3 * (cpu_seconds(pid) - before[3]) / max(1, accepted),
+        "phase_seconds_per_s": {k: (v - before[2]["seconds"].get(k, 0.0)) / dt for k, v in sched["seconds"].items()},
+        "dispatch_latency_p50_ms": 1e3 * latency[len(latency) // 2] if latency else None,
+        "dispatch_latency_p99_ms": 1e3 * latency[int(len(latency) * 0.99)] if latency else None,
+        "trained_rollouts_per_s": trained / dt,
+        "broker_bytes_written_per_trained_rollout": broker_bytes / max(1, trained),
+        "learner_fetched_bytes_per_trained_rollout": (learner_stats["fetched_bytes"] - before[4]["fetched_bytes"]) / max(1, trained),
+    }
+
+
+def format_step(s: dict) -> str:
+    phases = " ".join(f"{k} {v:.2f}" for k, v in sorted(s["phase_seconds_per_s"].items()))
+    return (f"{s['producers']:>4} producers: offered {s['offered_groups_per_s']:7.1f} groups/s ({s['MB_per_s_in']:6.1f} MB/s), "
+            f"accepted {s['accepted_groups_per_s']:7.1f}/s, backlog +{s['backlog_growth_per_s']:.1f}/s, scheduler CPU "
+            f"{s['scheduler_cpu_per_s']:.2f} cores ({s['scheduler_cpu_ms_per_group']:.2f} ms/group; {phases}), dispatch "
+            f"latency p50/p99 {s['dispatch_latency_p50_ms'] or 0:.0f}/{s['dispatch_latency_p99_ms'] or 0:.0f} ms, "
+            f"{s['broker_bytes_written_per_trained_rollout'] / 1e3:.1f} kB written per trained rollout")
+
+
+def raw_ceiling(bootstrap: str, tokens: int, seconds_hint: int = 400) -> dict:
+    """Raw kafka-python moving the same message bytes: one producer then one consumer."""
+    from benchmarks.system import bench_kafka, rollout_groups
+
+    groups = rollout_groups(seconds_hint, tokens, 8)
+    out = bench_kafka(bootstrap, groups, 64 << 20, repeats=3)
+    return {"raw_MB_per_s": out["raw_MB_per_s"], "raw_groups_per_s": out["raw_rollouts_per_s"] / 8,
+            "prl_transport_MB_per_s": out["prl_MB_per_s"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="prl bench scale", description=__doc__.splitlines()[0])
+    ap.add_argument("--producers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="the ramp of simulated producers")
+    ap.add_argument("--tokens", type=int, default=2000, help="completion tokens per rollout")
+    ap.add_argument("--per-call", type=int, default=8, help="dispatches a simulated producer takes per generation call")
+    ap.add_argument("--call-s", type=float, default=1.0, help="simulated generation time per call")
+    ap.add_argument("--seconds", type=float, default=20.0, help="measurement time per ramp step")
+    ap.add_argument("--groups-per-batch", type=int, default=32)
+    ap.add_argument("--max-in-flight", type=int, default=1024)
+    ap.add_argument("--claim-check", action="store_true", help="batches reference the rollouts instead of copying them")
+    ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+
+    from prl.servers import KafkaBroker
+
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = None if args.bootstrap else KafkaBroker(log_path=Path(tmp) / "broker.log")
+        bootstrap = args.bootstrap or broker.bootstrap
+        try:
+            steps = ramp(args, bootstrap, Path(tmp))
+            ceiling = raw_ceiling(bootstrap, args.tokens)
+        finally:
+            if broker is not None:
+                broker.stop()
+    best = max(steps, key=lambda s: s["accepted_groups_per_s"])
+    bytes_per_group = best["MB_per_s_in"] * 1e6 / max(1e-9, best["offered_groups_per_s"])
+    print(f"\nsustained: {best['accepted_groups_per_s']:.1f} groups/s ({best['accepted_groups_per_s'] * bytes_per_group / 1e6:.1f} MB/s) "
+          f"with {best['producers']} producers; raw kafka-python, same bytes: {ceiling['raw_MB_per_s']:.1f} MB/s "
+          f"({ceiling['raw_groups_per_s']:.1f} groups/s) -> "
+          f"{best['accepted_groups_per_s'] / ceiling['raw_groups_per_s']:.2f}x raw (goal >= 0.5); dispatch latency p99 "
+          f"{best['dispatch_latency_p99_ms'] or 0:.0f} ms (goal < 100)")
+    write_json(args, steps=steps, ceiling=ceiling, best=best)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
