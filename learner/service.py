@@ -3,7 +3,10 @@ checkpoint to object storage, announce the new policy version.
 
 Loop, top to bottom:
   1. poll the batch topic (one batch at a time; under torchrun rank 0 polls and broadcasts);
-  2. skip a batch whose sequence number was already trained (at-least-once delivery);
+     a claim-check batch has its rollouts fetched from the rollouts topic;
+  2. dead-letter a batch it must not train (beyond its window, a rollout from a version it has
+     not made, every rollout too old, a token outside the vocabulary); skip one whose sequence
+     number was already trained (at-least-once delivery);
   3. drop rollouts older than tau_max and fresh rollouts already trained (both counted),
      train on the rest;
   4. every ``checkpoint_every`` steps write a checkpoint and commit the batch offsets it

@@ -1,12 +1,15 @@
 """The scheduler: choose problems, track what is in flight, accept results, build batches.
 
 Loop, top to bottom:
-  1. read the learner's newest PolicyVersion (its version and last trained batch);
-  2. accept returned RolloutGroups: ignore unknown or already-answered dispatch ids,
-     update the sampler, keep them as fresh (with dynamic sampling, only those with a signal);
+  1. read the learner's newest PolicyVersion (its version and last trained batch), if the
+     learner can have made it; finish when the learner has taken its last step;
+  2. accept returned RolloutGroups: dead-letter those for unknown problems or from a version
+     the learner has not made, ignore unknown or already-answered dispatch ids, update the
+     sampler, keep them as fresh (with dynamic sampling, only those with a signal);
   3. re-dispatch what timed out;
   4. publish a batch when enough fresh groups wait and the learner is not too far behind
-     (the zero-variance filter and tau_max apply as the batch is composed);
+     (the zero-variance filter and tau_max apply as the batch is composed; with claim_check
+     the batch names the rollouts' messages instead of copying them);
   5. top up dispatches to the in-flight bound.
 """
 

@@ -101,7 +101,8 @@ class PriorityConfig(Section):
 
 
 class ReplayConfig(Section):
-    """Rollout-level advantage-prioritized replay (scheduler/replay.py); defaults as reported."""
+    """Rollout-level advantage-prioritized replay (scheduler/replay.py); defaults are those a public
+    reimplementation of the paper reports (the design reference), not tuned here."""
 
     enabled: bool = Field(True, description="Add replayed rollouts to every batch after the warm-up.")
     ratio: float = Field(0.5, ge=0, le=4, description="Replayed rollouts per fresh rollout in a batch (r).")

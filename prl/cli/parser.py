@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "real")
+BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights")
 
 
 class Parser(argparse.ArgumentParser):
