@@ -65,7 +65,7 @@ def broker_s3(tmp_path):
 class Cluster:
     """The four services as processes, each restartable; logs as <name>.<start>.log."""
 
-    def __init__(self, tmp_path: Path, broker: KafkaBroker, run_name: str):
+    def __init__(self, tmp_path: Path, broker: KafkaBroker, run_name: str, **scheduler):
         self.dir = tmp_path
         self.run_dir = f"s3://prl-runs/{run_name}"
         self.run_name = run_name
@@ -73,7 +73,7 @@ class Cluster:
         self.config = tmp_path / "config.toml"
         write_kafka_config(self.config, broker.bootstrap, run_name, self.run_dir,
                            scheduler={"tau_max": TAU_MAX, "snapshot_every": 1, "dispatch_timeout_s": 20,
-                                      "replay": {"warmup_updates": 4}},
+                                      "replay": {"warmup_updates": 4}, **scheduler},
                            learner={"max_steps": MAX_STEPS})
         self.procs: dict[str, Process] = {}
         self.starts: Counter = Counter()
@@ -122,6 +122,20 @@ class Cluster:
         return (self.dir / f"{name}.{self.starts[name] - 1}.log").read_text()[-3000:]
 
 
+def as_batch(record, groups) -> TrainBatch:
+    """A TrainBatch, or a claim-check batch resolved against the rollout groups read."""
+    if isinstance(record, TrainBatch):
+        return record
+    by_dispatch = {g.dispatch_id: g for g in groups}
+    rollouts = []
+    for ref in record.refs:
+        g = by_dispatch[ref.rollout_id.rsplit("/", 1)[0]]
+        r = g.rollouts[ref.index]
+        rollouts.append(TrainRollout(ref.rollout_id, g.problem_id, g.policy_version, ref.is_replay, ref.advantage, r.reward,
+                                     g.temperature, g.prompt_ids, r.completion_ids, r.logprobs))
+    return TrainBatch(record.batch_id, record.seq, record.learner_version, record.rollouts_generated, rollouts)
+
+
 def read_topic(bootstrap: str, topic: str, cls) -> list:
     """Every record on ``topic`` (the services have stopped: an idle poll means the end)."""
     transport = KafkaTransport(KafkaConfig(bootstrap_servers=bootstrap))
@@ -139,7 +153,7 @@ def check_invariants(cluster: Cluster) -> dict:
     name = cluster.run_name
     dispatches = read_topic(cluster.broker.bootstrap, topic_name(name, PROBLEMS), Dispatch)
     groups = read_topic(cluster.broker.bootstrap, topic_name(name, ROLLOUTS), RolloutGroup)
-    batches = read_topic(cluster.broker.bootstrap, topic_name(name, BATCHES), TrainBatch)
+    batches = [as_batch(b, groups) for b in read_topic(cluster.broker.bootstrap, topic_name(name, BATCHES), None)]
     assert_no_dispatch_lost(dispatches, groups, set(read_snapshot(cluster.run_dir)[0]["in_flight"]))
     lineage = learner_lineage(cluster)
     trained = assert_lineage_trains_each_batch_once(lineage, {b.batch_id: b for b in batches})
@@ -320,3 +334,26 @@ def test_new_producers_join_the_group_after_a_broker_restart_and_a_clean_stop(s3
     finally:
         cluster.stop_all()
         broker.stop()
+
+
+def test_claim_check_batches_survive_kill_9_of_the_learner(s3, tmp_path, run_name):
+    """Claim-check batches (references to the rollout messages): the learner is killed with
+    SIGKILL twice and restarted; it resumes from its checkpoint, fetches what the references
+    name, and trains every batch once in order and no fresh rollout twice."""
+    broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
+    cluster = Cluster(tmp_path, broker, run_name, claim_check=True)
+    try:
+        for name in SERVICES:
+            cluster.start(name)
+        for step in (3, 7):
+            cluster.wait_for_step(step)
+            cluster.kill("learner")
+            cluster.start("learner")
+        cluster.finish()
+        figures = check_invariants(cluster)
+        kinds = {type(b).__name__ for b in read_topic(broker.bootstrap, topic_name(run_name, BATCHES), None)}
+        assert kinds == {"TrainBatchRefs"}
+    finally:
+        cluster.stop_all()
+        broker.stop()
+    print(f"\nclaim-check, learner kill -9 twice: {figures}")
