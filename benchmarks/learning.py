@@ -50,12 +50,17 @@ STRATEGIES = {
                      "scheduler.tau_max=1000000"],
     "full": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", "scheduler.replay.enabled=true"],
 }
-# The same for every strategy: 8 groups x 8 completions per step, AdamW lr 1e-4 (the tiny
-# model's working rate), few checkpoints kept, no archive or snapshots.
+# The same for every strategy: 8 groups x 8 completions per step, few checkpoints kept, no
+# archive or snapshots.
 SETTINGS = [
-    "scheduler.groups_per_batch=8", "scheduler.max_in_flight=16", "learner.lr=1e-4", "learner.max_steps=100000",
+    "scheduler.groups_per_batch=8", "scheduler.max_in_flight=16", "learner.max_steps=100000",
     "scheduler.archive=false", "scheduler.snapshot_every=0", "learner.keep_checkpoints=1", "learner.eval_every=0",
 ]
+# AdamW learning rate per strategy (built-in task): the best of 5e-5, 1e-4 and 2e-4 by area under
+# the curve on seed 0 (the sweep is in benchmarks/RESULTS.md). Strategies that drop zero-variance
+# groups average the loss over fewer, all-informative tokens, so the same rate is a larger step
+# for them than for uniform GRPO; one shared rate would favour whichever it happens to suit.
+LR = LR_SWEEP_PLACEHOLDER
 MODES = {  # name: (seeds, rollout budget)
     "default": (5, 12_000),
     "long": (8, 24_000),
@@ -236,14 +241,15 @@ def real_task_base(task: str) -> list[str]:
             f"sampling.max_tokens={cfg.sampling.max_tokens}", f"learner.lr={cfg.learner.lr}", "learner.bf16_autocast=true"]
 
 
-def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: int) -> dict[str, list[dict]]:
+def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: int, lrs: dict[str, float]) -> dict[str, list[dict]]:
     from tqdm import tqdm
 
     results: dict[str, list[dict]] = {}
     with tqdm(total=len(strategies) * seeds, desc="runs", unit="run") as bar:
         for seed in range(seeds):  # seed-major: a partial run still compares every strategy
             for name in strategies:
-                run = one_run(name, seed, budget, args.eval_every, base, args.set)
+                lr = [f"learner.lr={lrs[name]}"] if name in lrs else []
+                run = one_run(name, seed, budget, args.eval_every, base, [*lr, *args.set])
                 run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
                 run["final"] = run["smoothed"][-1]
                 results.setdefault(name, []).append(run)
@@ -265,7 +271,10 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout", type=int, default=200, help="held-out problems per difficulty (built-in task)")
     ap.add_argument("--pool", default="[20, 100, 100, 100]", help="training problems per difficulty (built-in task; "
                     "small enough to be revisited several times within the budget)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
+    ap.add_argument("--lr", action="append", default=[], metavar="STRATEGY=LR", help="learning rate of one strategy "
+                    "(default: the tuned rates in LR for the built-in task, the example config's for --task)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run "
+                    "(after the strategy's learning rate)")
     ap.add_argument("--png", default="docs/bench-learning-curves.png")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
@@ -286,11 +295,14 @@ def main(argv=None) -> int:
     else:
         base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={args.pool}"]
         where = f"built-in task, tiny model, training pool {args.pool}, held-out {args.heldout}/difficulty"
-    results = run_all(args, base, strategies, seeds, budget)
+    lrs = {} if args.task else dict(LR)
+    lrs.update({k: float(v) for k, _, v in (x.partition("=") for x in args.lr)})
+    results = run_all(args, base, strategies, seeds, budget, lrs)
     t = table(results, args.targets, budget)
     start = statistics.median(r["start"] for runs in results.values() for r in runs)
     print_table(t, args.targets, budget, f"\n{where}: {seeds} seeds x {len(results)} strategies, budget {budget:,} rollouts, "
-                f"evaluated every {args.eval_every} rollouts (start {start:.3f}; trailing mean of {args.smooth})")
+                f"evaluated every {args.eval_every} rollouts (start {start:.3f}; trailing mean of {args.smooth}); "
+                f"lr {lrs or 'from the config'}")
     for line in goals(t, args.targets):
         print(line)
     print("replay (paper B): " + "; ".join(

@@ -9,8 +9,9 @@ the scheduler falls behind (the groups it has not accepted yet keep growing). Re
 step: groups/s and MB/s offered and accepted, the scheduler's CPU per group and where its
 time goes (decode, statistics, compose and replay, encode, Kafka I/O, snapshots), dispatch
 latency (issued -> taken by a producer) p50/p99; and raw kafka-python moving the same bytes
-(one producer, one consumer) as the ceiling. ``--claim-check`` runs the scheduler with
-claim-check batches (references instead of copies) for comparison.
+(one producer, one consumer) as the ceiling. The ramp runs twice in the same invocation, on the
+same broker: batches that copy the rollouts, then claim-check batches (references the learner
+fetches), so bytes per trained rollout and throughput are compared side by side.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def scheduler_figures(run_dir: Path) -> dict:
             "seconds": {k.split("/", 2)[2]: v for k, v in last.items() if k.startswith("scheduler/seconds/")}}
 
 
-def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args) -> Path:
+def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, claim_check: bool) -> Path:
     from prl.servers import write_kafka_config
 
     return write_kafka_config(
@@ -148,22 +149,23 @@ def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args) -> P
         task={"train_per_digit": [80, 8000, 20000, 20000]},
         sampling={"group_size": 8, "max_tokens": args.tokens},
         scheduler={"groups_per_batch": args.groups_per_batch, "max_in_flight": args.max_in_flight, "max_batches_ahead": 4,
-                   "max_batch_tokens": 1 << 30, "snapshot_every": 20, "archive": False, "claim_check": args.claim_check,
+                   "max_batch_tokens": 1 << 30, "snapshot_every": 20, "archive": False, "claim_check": claim_check,
                    "dispatch_timeout_s": 600.0},
     )
 
 
-def ramp(args, bootstrap: str, work: Path) -> list[dict]:
+def ramp(args, bootstrap: str, work: Path, claim_check: bool) -> list[dict]:
     from prl.servers import Process
     from prl.transport.kafka import KafkaTransport
     from schemas.config import load_config
 
-    run, run_dir = f"scale{int(time.time())}", work / "run"
-    config = write_config(work / "config.toml", bootstrap, run, run_dir, args)
+    mode = "claim_check" if claim_check else "copy"
+    run, run_dir = f"scale{int(time.time())}{mode}", work / mode
+    config = write_config(work / f"{mode}.toml", bootstrap, run, run_dir, args, claim_check)
     cfg = load_config(config)
     transport = KafkaTransport(cfg.transport.kafka)
     transport.ensure_topics(run)
-    scheduler = Process([sys.executable, "-m", "prl.cli", "scheduler", "--config", str(config)], log_path=work / "scheduler.log")
+    scheduler = Process([sys.executable, "-m", "prl.cli", "scheduler", "--config", str(config)], log_path=work / f"scheduler-{mode}.log")
     learner_stats = {"batches": 0, "trained_rollouts": 0, "batch_bytes": 0, "fetched_bytes": 0}
     learner = AckLearner(transport, cfg, learner_stats)
     learner.start()
@@ -177,7 +179,7 @@ def ramp(args, bootstrap: str, work: Path) -> list[dict]:
                 producers.append(SimProducer(transport, run, f"sim-{len(producers)}", templates, args.per_call, args.call_s, stats))
                 producers[-1].start()
             steps.append(measure(producers, scheduler.proc.pid, run_dir, learner_stats, args.seconds, count))
-            print(format_step(steps[-1]), flush=True)
+            print(f"{mode:>11} " + format_step(steps[-1]), flush=True)
             if steps[-1]["backlog_growth_per_s"] > 0.2 * steps[-1]["offered_groups_per_s"] and len(steps) > 1:
                 break  # the scheduler fell behind: groups pile up unaccepted
     finally:
@@ -213,6 +215,7 @@ def measure(producers, pid: int, run_dir: Path, learner_stats: dict, seconds: fl
         "dispatch_latency_p99_ms": 1e3 * latency[int(len(latency) * 0.99)] if latency else None,
         "trained_rollouts_per_s": trained / dt,
         "broker_bytes_written_per_trained_rollout": broker_bytes / max(1, trained),
+        "batch_bytes_per_trained_rollout": (learner_stats["batch_bytes"] - before[4]["batch_bytes"]) / max(1, trained),
         "learner_fetched_bytes_per_trained_rollout": (learner_stats["fetched_bytes"] - before[4]["fetched_bytes"]) / max(1, trained),
     }
 
@@ -236,6 +239,19 @@ def raw_ceiling(bootstrap: str, tokens: int, seconds_hint: int = 400) -> dict:
             "prl_transport_MB_per_s": out["prl_MB_per_s"]}
 
 
+def summary_line(mode: str, steps: list[dict], ceiling: dict) -> dict:
+    """Prints the best sustained step of a ramp against the raw ceiling; returns that step."""
+    best = max(steps, key=lambda s: s["accepted_groups_per_s"])
+    bytes_per_group = best["MB_per_s_in"] * 1e6 / max(1e-9, best["offered_groups_per_s"])
+    print(f"{mode}: sustained {best['accepted_groups_per_s']:.1f} groups/s "
+          f"({best['accepted_groups_per_s'] * bytes_per_group / 1e6:.1f} MB/s) with {best['producers']} producers; raw "
+          f"kafka-python, same bytes: {ceiling['raw_MB_per_s']:.1f} MB/s ({ceiling['raw_groups_per_s']:.1f} groups/s) -> "
+          f"{best['accepted_groups_per_s'] / ceiling['raw_groups_per_s']:.2f}x raw (goal >= 0.5); dispatch latency p99 "
+          f"{best['dispatch_latency_p99_ms'] or 0:.0f} ms (goal < 100); "
+          f"{best['broker_bytes_written_per_trained_rollout'] / 1e3:.1f} kB written per trained rollout")
+    return best
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench scale", description=__doc__.splitlines()[0])
     ap.add_argument("--producers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="the ramp of simulated producers")
@@ -245,7 +261,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="measurement time per ramp step")
     ap.add_argument("--groups-per-batch", type=int, default=32)
     ap.add_argument("--max-in-flight", type=int, default=1024)
-    ap.add_argument("--claim-check", action="store_true", help="batches reference the rollouts instead of copying them")
+    ap.add_argument("--modes", nargs="+", choices=["copy", "claim_check"], default=["copy", "claim_check"],
+                    help="batch modes to ramp, in turn on the same broker")
     ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
@@ -256,19 +273,20 @@ def main(argv=None) -> int:
         broker = None if args.bootstrap else KafkaBroker(log_path=Path(tmp) / "broker.log")
         bootstrap = args.bootstrap or broker.bootstrap
         try:
-            steps = ramp(args, bootstrap, Path(tmp))
+            runs = {mode: ramp(args, bootstrap, Path(tmp), mode == "claim_check") for mode in args.modes}
             ceiling = raw_ceiling(bootstrap, args.tokens)
         finally:
             if broker is not None:
                 broker.stop()
-    best = max(steps, key=lambda s: s["accepted_groups_per_s"])
-    bytes_per_group = best["MB_per_s_in"] * 1e6 / max(1e-9, best["offered_groups_per_s"])
-    print(f"\nsustained: {best['accepted_groups_per_s']:.1f} groups/s ({best['accepted_groups_per_s'] * bytes_per_group / 1e6:.1f} MB/s) "
-          f"with {best['producers']} producers; raw kafka-python, same bytes: {ceiling['raw_MB_per_s']:.1f} MB/s "
-          f"({ceiling['raw_groups_per_s']:.1f} groups/s) -> "
-          f"{best['accepted_groups_per_s'] / ceiling['raw_groups_per_s']:.2f}x raw (goal >= 0.5); dispatch latency p99 "
-          f"{best['dispatch_latency_p99_ms'] or 0:.0f} ms (goal < 100)")
-    write_json(args, steps=steps, ceiling=ceiling, best=best)
+    best = {mode: summary_line(mode, steps, ceiling) for mode, steps in runs.items()}
+    if len(best) == 2:
+        for key, what in (("batch_bytes_per_trained_rollout", "batch-topic bytes"),
+                          ("broker_bytes_written_per_trained_rollout", "all broker bytes written (rollouts + batches)"),
+                          ("learner_fetched_bytes_per_trained_rollout", "bytes the learner fetches")):
+            copy, ref = best["copy"][key], best["claim_check"][key]
+            print(f"per trained rollout, {what}: copy {copy / 1e3:.2f} kB, claim-check {ref / 1e3:.2f} kB"
+                  + (f" ({100 * (1 - ref / copy):.0f}% less; goal >= 40%)" if copy else ""))
+    write_json(args, runs=runs, ceiling=ceiling, best=best)
     return 0
 
 

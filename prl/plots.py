@@ -19,8 +19,9 @@ def save_png(fig, out_uri: str, dpi: int) -> None:
         f.write(buf.getvalue())
 
 
-def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accuracy") -> None:
-    """Held-out accuracy (overall and per difficulty) against rollouts generated."""
+def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accuracy") -> bool:
+    """Held-out accuracy (overall and per difficulty) against rollouts generated; False (and
+    nothing written) when the rows hold no evaluation."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,7 +29,7 @@ def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accura
 
     evals = [r for r in rows if "learner/eval/accuracy" in r]
     if not evals:
-        return
+        return False
     fig, ax = plt.subplots(figsize=(7, 4.2))
     x = [r.get("rollouts_generated", 0) for r in evals]
     keys = sorted({k for r in evals for k in r if k.startswith("learner/eval/accuracy_d")})
@@ -42,6 +43,7 @@ def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accura
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     save_png(fig, out_uri, dpi=110)
+    return True
 
 
 def priority_histogram(priorities, success_rates, out_uri: str, title: str = "scheduler") -> None:

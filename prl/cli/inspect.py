@@ -283,7 +283,8 @@ def format_row(row: dict) -> str:
 
 def report(run_dir: str) -> list[str]:
     """Every service's metrics under ``run_dir`` (metrics*.jsonl, parts included) drawn as
-    learning_curve.png and run_report.png there; returns the PNG paths."""
+    learning_curve.png (when the learner evaluated) and run_report.png there; returns the
+    PNG paths written."""
     from prl.metrics import read_metrics
     from prl.plots import learning_curve, run_report
 
@@ -293,16 +294,17 @@ def report(run_dir: str) -> list[str]:
         raise UsageError(f"no metrics*.jsonl under {run_dir}: is run.run_dir the run's directory?")
     prefix = run_dir.split("://", 1)[0] + "://" if "://" in run_dir else ""
     rows = sorted((r for f in files for r in read_metrics(prefix + f)), key=lambda r: r.get("time", 0))
-    out = [f"{run_dir.rstrip('/')}/learning_curve.png", f"{run_dir.rstrip('/')}/run_report.png"]
-    learning_curve(rows, out[0])
-    run_report(rows, out[1])
-    return out
+    curve, page = f"{run_dir.rstrip('/')}/learning_curve.png", f"{run_dir.rstrip('/')}/run_report.png"
+    run_report(rows, page)
+    return [curve, page] if learning_curve(rows, curve) else [page]
 
 
 def command(args, cfg) -> int:
     """`prl inspect topics|tail|report`."""
     if args.action == "report":
-        print("wrote " + ", ".join(report(cfg.run.run_dir)))
+        written = report(cfg.run.run_dir)
+        print("wrote " + ", ".join(written) + ("" if len(written) == 2 else
+              " (no learning curve: no held-out evaluation in the metrics; learner.eval_every = 0?)"))
         return 0
 
     if cfg.transport.type != "kafka":

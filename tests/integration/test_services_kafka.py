@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 def write_config(path, broker, run_name, run_dir, max_steps):
     return write_kafka_config(path, broker.bootstrap, run_name, run_dir, scheduler={"filter_zero_variance": False},
-                              learner={"max_steps": max_steps})
+                              learner={"max_steps": max_steps, "eval_every": 2})
 
 
 def start(service, config, log_dir):
@@ -46,7 +46,9 @@ def test_services_over_kafka(kafka_broker, run_name, tmp_path):
     assert_no_error_logged(procs)
     from prl.cli.inspect import report
 
-    for png in report(f"file://{run_dir}"):  # every service's metrics, one page
+    pngs = report(f"file://{run_dir}")  # every service's metrics, one page; the learning curve
+    assert [p.rsplit("/", 1)[1] for p in pngs] == ["learning_curve.png", "run_report.png"]
+    for png in pngs:
         assert fsspec.open(png, "rb").open().read(8) == b"\x89PNG\r\n\x1a\n"
 
 
