@@ -17,10 +17,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import write_json
 from learner.sources import write_batches
 from schemas import TrainBatch, TrainRollout
-
-from benchmarks.common import write_json
 
 
 def synthetic_batches(n_batches: int, rollouts: int, prompt: int, completion: int, vocab: int = 16, seed: int = 0):
@@ -60,7 +59,7 @@ bf16_autocast = {'true' if bf16 else 'false'}
 """)
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"] if world > 1 \
         else [sys.executable]
-    out = subprocess.run(prefix + ["-m", "prl.cli", "learner", "--config", str(config)], capture_output=True, text=True)
+    out = subprocess.run(prefix + ["-m", "prl.cli", "learner", "--config", str(config)], check=False, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     rows = [json.loads(x) for x in (run_dir / "metrics-learner.jsonl").read_text().splitlines()]

@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-    from prl.tasks import addition
     from prl.generation import TransformersBackend, VLLMBackend
+    from prl.tasks import addition
     from schemas import Sampling
 
     if args.task:

@@ -45,8 +45,8 @@ def heldout_at(model: str, heldout_path: str, max_tokens: int) -> float:
 def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: float, extra: list[str],
              long_tokens: int) -> dict:
     from learner.checkpoint import latest_uri
-    from prl.metrics import read_metrics
     from prl.cli.run import run_pipeline
+    from prl.metrics import read_metrics
     from schemas.config import load_config
 
     with tempfile.TemporaryDirectory() as run_dir:

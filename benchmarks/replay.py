@@ -16,11 +16,10 @@ import time
 
 import numpy as np
 
+from benchmarks.common import write_json
 from prl.formulas import rollout_age
 from scheduler.replay import ReplayBuffer
 from schemas import TrainRollout
-
-from benchmarks.common import write_json
 
 
 def make_rollouts(rng, n, version, counter):

@@ -20,11 +20,10 @@ import tracemalloc
 
 import numpy as np
 
+from benchmarks.common import write_json
 from prl.formulas import bernoulli_variance, success_estimate
 from scheduler.priority import PrioritySampler
 from schemas.config import PriorityConfig
-
-from benchmarks.common import write_json
 
 
 class NaiveSortingSampler:

@@ -25,8 +25,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from prl import logs
-    from prl.metrics import read_metrics
     from prl.cli.run import run_pipeline
+    from prl.metrics import read_metrics
     from schemas.config import load_config
 
     logs.configure("console", "warning")

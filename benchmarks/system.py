@@ -199,8 +199,8 @@ def pipeline_config(run_dir: str, steps: int):
 def build(cfg, latency_s):
     from learner.service import Learner
     from prl.generation import make_backend
-    from producers.service import Producer
     from prl.transport.memory import MemoryBroker, MemoryTransport
+    from producers.service import Producer
     from scheduler.service import Scheduler
 
     transport = MemoryTransport(MemoryBroker())
