@@ -145,7 +145,8 @@ def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, clai
     return write_kafka_config(
         path, bootstrap, run, str(run_dir),
         run={"log_format": "json", "log_level": "warning"},
-        transport={"kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000, "max_message_bytes": 64 << 20}},
+        transport={"kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000, "max_message_bytes": 64 << 20,
+                             "problem_partitions": max(args.producers)}},  # one partition per producer
         task={"train_per_digit": [80, 8000, 20000, 20000]},
         sampling={"group_size": 8, "max_tokens": args.tokens},
         scheduler={"groups_per_batch": args.groups_per_batch, "max_in_flight": args.max_in_flight, "max_batches_ahead": 4,

@@ -50,6 +50,7 @@ class KafkaConfig(Section):
     session_timeout_ms: int = Field(10_000, ge=1000, description="Consumer group session timeout; group joins take about half of it.")
     create_topics: bool = Field(True, description="Create missing topics at start with the partitions and settings in schemas/topics.py.")
     replication_factor: int = Field(1, ge=1, description="Replication factor of topics created at start.")
+    problem_partitions: int = Field(4, ge=1, le=10_000, description="Partitions of the problems and rollouts topics created at start: at most one producer per problems partition gets dispatches, so this bounds the producers that can work (README, Running at scale).")
 
 
 class TransportConfig(Section):

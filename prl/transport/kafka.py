@@ -14,7 +14,7 @@ import uuid
 import structlog
 
 from prl.transport.base import Message, Publisher, Reader, Subscriber, Transport, TransportError
-from schemas.topics import TOPICS
+from schemas.topics import PROBLEMS, ROLLOUTS, TOPICS
 
 log = structlog.get_logger("transport.kafka")
 
@@ -231,7 +231,7 @@ class KafkaTransport(Transport):
             existing = set(admin.list_topics())
             wanted = {
                 f"{run}.{kind}": {
-                    "num_partitions": spec.partitions,
+                    "num_partitions": self.cfg.problem_partitions if kind in (PROBLEMS, ROLLOUTS) else spec.partitions,
                     "replication_factor": self.cfg.replication_factor,
                     "configs": topic_configs(spec, self.cfg.max_message_bytes),
                 }
