@@ -8,7 +8,9 @@ only acknowledges (it announces a new version per batch). The producer count is 
 the scheduler falls behind (the groups it has not accepted yet keep growing). Reported per
 step: groups/s and MB/s offered and accepted, the scheduler's CPU per group and where its
 time goes (decode, statistics, compose and replay, encode, Kafka I/O, snapshots), dispatch
-latency (issued -> taken by a producer) p50/p99; and raw kafka-python moving the same bytes
+latency p50/p99 (issued -> readable by any producer, seen by a reader outside the producers'
+group; the time a dispatch then queues for a busy producer is reported apart, it depends on
+``--max-in-flight``, not on the scheduler); and raw kafka-python moving the same bytes
 (one producer, one consumer) as the ceiling. The ramp runs twice in the same invocation, on the
 same broker: batches that copy the rollouts, then claim-check batches (references the learner
 fetches), so bytes per trained rollout and throughput are compared side by side.
@@ -86,6 +88,29 @@ class SimProducer(threading.Thread):
             self.sub.commit()
         self.sub.close()
         self.pub.close()
+
+
+class DispatchWatcher(threading.Thread):
+    """Reads the problems topic outside the producers' group (every partition, from the end)
+    and records how long each dispatch took from the scheduler's clock to being readable by
+    any producer: the latency the scheduler and broker add, apart from queueing for a busy
+    producer (which ``latency`` in SimProducer includes)."""
+
+    def __init__(self, transport, run: str):
+        super().__init__(daemon=True, name="dispatch-watcher")
+        from schemas.topics import PROBLEMS, topic_name
+
+        self.sub = transport.subscriber([topic_name(run, PROBLEMS)], group=None, from_beginning=False)
+        self.latency: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from schemas import Dispatch, decode
+
+        while not self.stop.is_set():
+            for m in self.sub.poll(0.2, max_records=500):
+                self.latency.append(time.time() - decode(m.value, Dispatch).issued_at)
+        self.sub.close()
 
 
 class AckLearner(threading.Thread):
@@ -170,6 +195,8 @@ def ramp(args, bootstrap: str, work: Path, claim_check: bool) -> list[dict]:
     learner_stats = {"batches": 0, "trained_rollouts": 0, "batch_bytes": 0, "fetched_bytes": 0}
     learner = AckLearner(transport, cfg, learner_stats)
     learner.start()
+    watcher = DispatchWatcher(transport, run)
+    watcher.start()
     templates = Templates(args.tokens, 8)
     producers: list[SimProducer] = []
     steps = []
@@ -179,7 +206,7 @@ def ramp(args, bootstrap: str, work: Path, claim_check: bool) -> list[dict]:
                 stats = {"latency": [], "groups": 0, "bytes": 0}
                 producers.append(SimProducer(transport, run, f"sim-{len(producers)}", templates, args.per_call, args.call_s, stats))
                 producers[-1].start()
-            steps.append(measure(producers, scheduler.proc.pid, run_dir, learner_stats, args.seconds, count))
+            steps.append(measure(producers, watcher, scheduler.proc.pid, run_dir, learner_stats, args.seconds, count))
             print(f"{mode:>11} " + format_step(steps[-1]), flush=True)
             if steps[-1]["backlog_growth_per_s"] > 0.2 * steps[-1]["offered_groups_per_s"] and len(steps) > 1:
                 break  # the scheduler fell behind: groups pile up unaccepted
@@ -187,23 +214,30 @@ def ramp(args, bootstrap: str, work: Path, claim_check: bool) -> list[dict]:
         for p in producers:
             p.stop.set()
         learner.stop.set()
+        watcher.stop.set()
         scheduler.stop()
     return steps
 
 
-def measure(producers, pid: int, run_dir: Path, learner_stats: dict, seconds: float, count: int) -> dict:
+def percentile_ms(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return 1e3 * ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else None
+
+
+def measure(producers, watcher, pid: int, run_dir: Path, learner_stats: dict, seconds: float, count: int) -> dict:
     time.sleep(seconds / 3)  # settle after adding producers
     before = (sum(p.stats["groups"] for p in producers), sum(p.stats["bytes"] for p in producers),
               scheduler_figures(run_dir), cpu_seconds(pid), dict(learner_stats))
     for p in producers:
         p.stats["latency"] = []
+    watcher.latency = []
     t0 = time.monotonic()
     time.sleep(seconds)
     dt = time.monotonic() - t0
     groups, nbytes = sum(p.stats["groups"] for p in producers) - before[0], sum(p.stats["bytes"] for p in producers) - before[1]
     sched = scheduler_figures(run_dir)
     accepted = sched["accepted"] - before[2]["accepted"]
-    latency = sorted(x for p in producers for x in p.stats["latency"])
+    queued = [x for p in producers for x in p.stats["latency"]]
     trained = learner_stats["trained_rollouts"] - before[4]["trained_rollouts"]
     broker_bytes = nbytes + learner_stats["batch_bytes"] - before[4]["batch_bytes"]
     return {
@@ -212,8 +246,9 @@ def measure(producers, pid: int, run_dir: Path, learner_stats: dict, seconds: fl
         "scheduler_cpu_per_s": (cpu_seconds(pid) - before[3]) / dt,
         "scheduler_cpu_ms_per_group": 1e3 * (cpu_seconds(pid) - before[3]) / max(1, accepted),
         "phase_seconds_per_s": {k: (v - before[2]["seconds"].get(k, 0.0)) / dt for k, v in sched["seconds"].items()},
-        "dispatch_latency_p50_ms": 1e3 * latency[len(latency) // 2] if latency else None,
-        "dispatch_latency_p99_ms": 1e3 * latency[int(len(latency) * 0.99)] if latency else None,
+        "dispatch_latency_p50_ms": percentile_ms(watcher.latency, 0.5),
+        "dispatch_latency_p99_ms": percentile_ms(watcher.latency, 0.99),
+        "queued_until_taken_p50_ms": percentile_ms(queued, 0.5),
         "trained_rollouts_per_s": trained / dt,
         "broker_bytes_written_per_trained_rollout": broker_bytes / max(1, trained),
         "batch_bytes_per_trained_rollout": (learner_stats["batch_bytes"] - before[4]["batch_bytes"]) / max(1, trained),
@@ -226,7 +261,8 @@ def format_step(s: dict) -> str:
     return (f"{s['producers']:>4} producers: offered {s['offered_groups_per_s']:7.1f} groups/s ({s['MB_per_s_in']:6.1f} MB/s), "
             f"accepted {s['accepted_groups_per_s']:7.1f}/s, backlog +{s['backlog_growth_per_s']:.1f}/s, scheduler CPU "
             f"{s['scheduler_cpu_per_s']:.2f} cores ({s['scheduler_cpu_ms_per_group']:.2f} ms/group; {phases}), dispatch "
-            f"latency p50/p99 {s['dispatch_latency_p50_ms'] or 0:.0f}/{s['dispatch_latency_p99_ms'] or 0:.0f} ms, "
+            f"latency p50/p99 {s['dispatch_latency_p50_ms'] or 0:.0f}/{s['dispatch_latency_p99_ms'] or 0:.0f} ms (queued until "
+            f"taken p50 {(s['queued_until_taken_p50_ms'] or 0) / 1e3:.1f} s), "
             f"{s['broker_bytes_written_per_trained_rollout'] / 1e3:.1f} kB written per trained rollout")
 
 
@@ -261,7 +297,7 @@ def main(argv=None) -> int:
     ap.add_argument("--call-s", type=float, default=1.0, help="simulated generation time per call")
     ap.add_argument("--seconds", type=float, default=20.0, help="measurement time per ramp step")
     ap.add_argument("--groups-per-batch", type=int, default=32)
-    ap.add_argument("--max-in-flight", type=int, default=1024)
+    ap.add_argument("--max-in-flight", type=int, default=512, help="the scheduler's dispatches in flight (2x what 32 producers take per call)")
     ap.add_argument("--modes", nargs="+", choices=["copy", "claim_check"], default=["copy", "claim_check"],
                     help="batch modes to ramp, in turn on the same broker")
     ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
