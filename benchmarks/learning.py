@@ -35,7 +35,7 @@ import tempfile
 
 import numpy as np
 
-from benchmarks.common import write_json
+from benchmarks.common import quiet_console, write_json
 
 NO_REPLAY = "scheduler.replay.enabled=false"
 STRATEGIES = {
@@ -281,12 +281,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
 
-    from transformers.utils import logging as hf_logging
 
-    from prl import logs
-
-    logs.configure("console", "warning")
-    hf_logging.disable_progress_bar()
+    quiet_console()
     seeds, budget = (REAL["seeds"], REAL["budget"]) if args.task else MODES[args.mode]
     seeds, budget = args.seeds or seeds, args.budget or budget
     strategies = args.strategies or (REAL["strategies"] if args.task else list(STRATEGIES))

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import write_json
+from benchmarks.common import quiet_console, write_json
 
 CONFIG = Path(__file__).resolve().parent.parent / "examples" / "smollm2-chain-sum-cpu.toml"
 # The data the config trains on, made fresh by the bench with `prl data reasoning-gym`.
@@ -111,14 +111,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
 
-    from transformers.utils import logging as hf_logging
-
-    from prl import logs
     from prl.model_import import import_gguf
     from prl.tasks.reasoning_gym import write_dataset
 
-    logs.configure("console", "warning")
-    hf_logging.disable_progress_bar()
+    quiet_console()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         model_dir = args.model_dir or import_gguf("smollm2-135m-instruct", f"{tmp}/model", log=lambda *_: None).out_dir

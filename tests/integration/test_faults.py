@@ -86,6 +86,13 @@ class Cluster:
         self.procs[name] = Process([sys.executable, "-m", "prl.cli", service, "--config", str(self.config), *extra],
                                    log_path=log)
 
+    def kill_and_restart_broker(self, env: dict) -> KafkaBroker:
+        """SIGKILL the broker, start it again on the same port and its S3 storage."""
+        self.broker.stop(signal.SIGKILL)
+        self.broker = KafkaBroker(storage="s3://prl-broker/", env=env, port=self.broker.port,
+                                  log_path=self.dir / "broker.1.log")
+        return self.broker
+
     def kill(self, name: str) -> None:
         self.procs[name].stop(signal.SIGKILL)
 
@@ -239,9 +246,7 @@ def test_broker_restart(s3, broker_s3, tmp_path, run_name):
         for name in SERVICES:
             cluster.start(name)
         cluster.wait_for_step(3)
-        broker.stop(signal.SIGKILL)
-        broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, port=broker.port, log_path=tmp_path / "broker.1.log")
-        cluster.broker = broker
+        broker = cluster.kill_and_restart_broker(broker_s3)
         cluster.wait_for_step(7)
         cluster.finish()
         figures = check_invariants(cluster)
@@ -325,9 +330,7 @@ def test_new_producers_join_the_group_after_a_broker_restart_and_a_clean_stop(s3
         for name in SERVICES:
             cluster.start(name)
         cluster.wait_for_step(3)
-        broker.stop(signal.SIGKILL)
-        broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, port=broker.port, log_path=tmp_path / "broker.1.log")
-        cluster.broker = broker
+        broker = cluster.kill_and_restart_broker(broker_s3)
         cluster.finish()  # every service exits cleanly at the last step
         more = f"learner.max_steps={MAX_STEPS + 4}"
         for name in ("scheduler", "learner", "producer-2"):
