@@ -55,7 +55,7 @@ def why(s, i: int, cfg) -> list[str]:
     a, b = (float(np.asarray(v).reshape(-1)[0]) for v in s.prior(np.asarray([i])))
     g = int(s.group[i])
     out = [f"  state: {STATES[st]}" + (" (never tried)" if s.last_tested[i] < 0 and st == 0 else ""),
-           f"  outcomes: {s.successes[i]:.1f} solved of {s.attempts[i]:.1f} rollouts"
+           f"  outcomes: {s.successes[i]:g} solved of {s.attempts[i]:g} rollouts"
            f"{' (decayed to version ' + str(s.version) + ')' if cfg.priority.half_life_versions else ''}, last tested at version "
            f"{s.last_tested[i]}; prior Beta({a:.2f}, {b:.2f}) from {'its group' if cfg.priority.prior == 'group' else 'flat'}"
            f" (group rate {float(s.group_rate(g)):.3f} over the group's first tries)",
