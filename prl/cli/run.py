@@ -45,7 +45,8 @@ def command(args, cfg) -> int:
     if cfg.run.log_format == "json":
         print(json.dumps({"event": "run_finished", **summary}), file=sys.stderr)
     else:
-        files = [f"{run_dir}/{name}" for name in OUTPUTS]
+        fs, root = fsspec.core.url_to_fs(run_dir)
+        files = [f"{run_dir}/{name}" for name in OUTPUTS if fs.exists(f"{root}/{name}")]  # no curve without evaluation
         print(summary_table(summary, files) + f"; details in {run_log(cfg.run.run_dir) or 'the log'}", file=sys.stderr)
     return 0
 
