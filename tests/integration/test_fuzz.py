@@ -94,7 +94,7 @@ def transport_cfg(request, tmp_path):
     overrides = [
         f"run.run_dir={json.dumps(str(tmp_path / 'run'))}", "scheduler.groups_per_batch=4", "scheduler.max_in_flight=8",
         "learner.eval_every=0", "task.train_per_digit=[20, 20]", f"transport.kafka.max_message_bytes={MAX_BYTES}",
-        "learner.max_steps=3", "scheduler.replay.warmup_updates=0", f"run.name=\"fuzz{uuid.uuid4().hex[:8]}\"",
+        "learner.max_steps=3", "run.finish_with_learner=false", "scheduler.replay.warmup_updates=0", f"run.name=\"fuzz{uuid.uuid4().hex[:8]}\"",
     ]
     if request.param == "kafka":
         broker = request.getfixturevalue("kafka_broker")
