@@ -320,7 +320,7 @@ def test_a_batch_far_ahead_does_not_stall_the_learner(s3, tmp_path, run_name):
     print(f"\nbatch far ahead: {figures}")
 
 
-@pytest.mark.xfail(strict=False, reason="known intermittent stall (1 of 7 runs, in CI): after the broker restart and the "
+@pytest.mark.xfail(strict=False, reason="known intermittent stall (1 of 6 runs, in CI): after the broker restart and the "
                    "old producers' clean exit, the new producer served two batches and then got no more dispatches; "
                    "cause not found yet (the group's partition assignment on tansu is the suspect)")
 def test_new_producers_join_the_group_after_a_broker_restart_and_a_clean_stop(s3, broker_s3, tmp_path, run_name):
