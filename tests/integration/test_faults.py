@@ -86,6 +86,10 @@ class Cluster:
         self.procs[name] = Process([sys.executable, "-m", "prl.cli", service, "--config", str(self.config), *extra],
                                    log_path=log)
 
+    def start_all(self) -> None:
+        for name in SERVICES:
+            self.start(name)
+
     def kill_and_restart_broker(self, env: dict) -> KafkaBroker:
         """SIGKILL the broker, start it again on the same port and its S3 storage."""
         self.broker.stop(signal.SIGKILL)
@@ -222,8 +226,7 @@ def test_kill_9_each_service_in_turn(s3, tmp_path, run_name):
     broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
     cluster = Cluster(tmp_path, broker, run_name)
     try:
-        for name in SERVICES:
-            cluster.start(name)
+        cluster.start_all()
         step = 2
         cluster.wait_for_step(step)
         for name in SERVICES:
@@ -243,8 +246,7 @@ def test_broker_restart(s3, broker_s3, tmp_path, run_name):
     broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, log_path=tmp_path / "broker.log")
     cluster = Cluster(tmp_path, broker, run_name)
     try:
-        for name in SERVICES:
-            cluster.start(name)
+        cluster.start_all()
         cluster.wait_for_step(3)
         broker = cluster.kill_and_restart_broker(broker_s3)
         cluster.wait_for_step(7)
@@ -276,8 +278,7 @@ def test_a_policy_hijack_is_refused_end_to_end(s3, tmp_path, run_name):
     broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
     cluster = Cluster(tmp_path, broker, run_name)
     try:
-        for name in SERVICES:
-            cluster.start(name)
+        cluster.start_all()
         cluster.wait_for_step(2)
         inject(cluster, POLICY, PolicyVersion(10**9, f"file://{tmp_path}/elsewhere/step-{10**9:08d}", 10**9, time.time()))
         inject(cluster, POLICY, PolicyVersion(10**9, "http://evil.example/step-1000000000", 10**9, time.time()))
@@ -304,8 +305,7 @@ def test_a_batch_far_ahead_does_not_stall_the_learner(s3, tmp_path, run_name):
     broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
     cluster = Cluster(tmp_path, broker, run_name)
     try:
-        for name in SERVICES:
-            cluster.start(name)
+        cluster.start_all()
         cluster.wait_for_step(2)
         rollout = TrainRollout("evil/0", "add1:1+1", 0, False, 1.0, 1.0, 1.0, [1, 4, 14, 4, 15], [5, 2], [-0.1, -0.1])
         inject(cluster, BATCHES, TrainBatch("evil", 2**31 - 1, 0, 1, [rollout], time.time()))
@@ -320,7 +320,7 @@ def test_a_batch_far_ahead_does_not_stall_the_learner(s3, tmp_path, run_name):
     print(f"\nbatch far ahead: {figures}")
 
 
-@pytest.mark.xfail(strict=False, reason="known intermittent stall (1 of 6 runs, in CI): after the broker restart and the "
+@pytest.mark.xfail(strict=False, reason="known intermittent stall (2 of 7 runs: in CI and locally): after the broker restart and the "
                    "old producers' clean exit, the new producer served two batches and then got no more dispatches; "
                    "cause not found yet (the group's partition assignment on tansu is the suspect)")
 def test_new_producers_join_the_group_after_a_broker_restart_and_a_clean_stop(s3, broker_s3, tmp_path, run_name):
@@ -330,8 +330,7 @@ def test_new_producers_join_the_group_after_a_broker_restart_and_a_clean_stop(s3
     broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, log_path=tmp_path / "broker.log")
     cluster = Cluster(tmp_path, broker, run_name)
     try:
-        for name in SERVICES:
-            cluster.start(name)
+        cluster.start_all()
         cluster.wait_for_step(3)
         broker = cluster.kill_and_restart_broker(broker_s3)
         cluster.finish()  # every service exits cleanly at the last step
@@ -353,8 +352,7 @@ def test_claim_check_batches_survive_kill_9_of_the_learner(s3, tmp_path, run_nam
     broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
     cluster = Cluster(tmp_path, broker, run_name, claim_check=True)
     try:
-        for name in SERVICES:
-            cluster.start(name)
+        cluster.start_all()
         for step in (3, 7):
             cluster.wait_for_step(step)
             cluster.kill("learner")
