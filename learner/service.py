@@ -198,6 +198,9 @@ class Learner(Service):
                      stale_dropped=self.counters.get("stale_dropped", 0))
         self.version += 1
         self.last_seq = batch.seq
+        if self.is_main:  # logged before the checkpoint: a step that is durable is always in the log
+            self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3),
+                          rollouts=len(usable), batch_seq=batch.seq, batch_id=batch.batch_id, stale=stale, repeats=repeats)
         if self.version % self.cfg.learner.checkpoint_every == 0 or self.version >= self.cfg.learner.max_steps:
             t1 = time.perf_counter()
             self.save()
@@ -205,9 +208,6 @@ class Learner(Service):
         self.announce()
         self.last_stats = stats
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
-        if self.is_main:
-            self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3),
-                          rollouts=len(usable), batch_seq=batch.seq, batch_id=batch.batch_id, stale=stale, repeats=repeats)
         if self.heldout and self.evaluation_due():
             self.evaluate()
 
