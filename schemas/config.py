@@ -48,6 +48,7 @@ class KafkaConfig(Section):
     max_message_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest message produced, fetched and allowed per topic.")
     compression: Literal["none", "zstd", "lz4", "gzip", "snappy"] = Field("zstd", description="Producer compression.")
     session_timeout_ms: int = Field(10_000, ge=1000, description="Consumer group session timeout; group joins take about half of it.")
+    leave_group_on_close: bool = Field(True, description="A group member that stops cleanly leaves its group at once, so its partitions move to the others without delay; false: the broker notices when its session times out (session_timeout_ms later). Set false on tansu 0.6 (the tests' broker): it keeps a member that leaves during a rebalance as the group's leader for good, and no member that joins later is given partitions.")
     create_topics: bool = Field(True, description="Create missing topics at start with the partitions and settings in schemas/topics.py.")
     replication_factor: int = Field(1, ge=1, description="Replication factor of topics created at start.")
     problem_partitions: int = Field(4, ge=1, le=10_000, description="Partitions of the problems and rollouts topics created at start: at most one producer per problems partition gets dispatches, so this bounds the producers that can work (README, Running at scale).")

@@ -17,6 +17,7 @@ from prl.transport.base import Message, Publisher, Reader, Subscriber, Transport
 from schemas.topics import PROBLEMS, ROLLOUTS, TOPICS
 
 log = structlog.get_logger("transport.kafka")
+UNASSIGNED_WARN_S = 60.0  # a group member without partitions this long is warned about
 
 
 def client_settings(cfg) -> dict:
@@ -77,6 +78,23 @@ class KafkaPublisher(Publisher):
             self._producer.close(timeout=5)
 
 
+def assignment_logger(group: str):
+    """A rebalance listener that logs a group member's partitions as they change (who reads what)."""
+    from kafka import ConsumerRebalanceListener
+
+    def names(tps):
+        return sorted(f"{tp.topic}:{tp.partition}" for tp in tps)
+
+    class LogAssignment(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            log.info("partitions_revoked", group=group, partitions=names(revoked))
+
+        def on_partitions_assigned(self, assigned):
+            log.info("partitions_assigned", group=group, partitions=names(assigned))
+
+    return LogAssignment()
+
+
 class KafkaSubscriber(Subscriber):
     def __init__(self, cfg, topics, group, from_beginning):
         from kafka import KafkaConsumer, TopicPartition
@@ -91,9 +109,14 @@ class KafkaSubscriber(Subscriber):
             heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
             client_id=f"prl-{uuid.uuid4().hex[:8]}",
         )
+        self.client_id = settings["client_id"]
+        self.leave_group = cfg.leave_group_on_close
         self.group = group
+        self._unassigned_since = time.monotonic()  # a group member with no partitions since then
+        self._warned_at = 0.0
         if group is not None:
-            self._consumer = KafkaConsumer(*topics, group_id=group, **settings)
+            self._consumer = KafkaConsumer(group_id=group, **settings)
+            self._consumer.subscribe(list(topics), listener=assignment_logger(group))
         else:
             self._consumer = KafkaConsumer(group_id=None, **settings)
             parts = []
@@ -110,11 +133,25 @@ class KafkaSubscriber(Subscriber):
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         except KafkaError as exc:
             raise TransportError(f"poll failed: {type(exc).__name__}: {exc}") from None
+        if self.group is not None:
+            self._watch_assignment()
         out = []
         for records in batches.values():
             for r in records:
                 out.append(Message(r.topic, r.partition, r.offset, r.key, r.value, list(r.headers or []), r.timestamp))
         return out
+
+    def _watch_assignment(self) -> None:
+        """Warn, once a minute, while this group member has had no partitions for longer than
+        ``UNASSIGNED_WARN_S``: a member that never gets partitions serves nothing, silently."""
+        now = time.monotonic()
+        if self._consumer.assignment():
+            self._unassigned_since = now
+        elif now - self._unassigned_since > UNASSIGNED_WARN_S and now - self._warned_at > 60:
+            self._warned_at = now
+            log.warning("no_partitions_assigned", group=self.group, member=self.client_id, seconds=round(now - self._unassigned_since),
+                        hint="the group's rebalance does not complete (a member that does not answer, or "
+                             "fewer partitions than members); see the broker's group state")
 
     def commit(self):
         from kafka.errors import KafkaError
@@ -139,6 +176,8 @@ class KafkaSubscriber(Subscriber):
         return self._consumer.highwater(TopicPartition(topic, partition))
 
     def close(self):
+        if self.group is not None and not self.leave_group:
+            self._consumer._coordinator.reset_generation()  # kafka-python then sends no LeaveGroup
         self._consumer.close(autocommit=False)
 
 

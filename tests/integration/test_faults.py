@@ -320,13 +320,13 @@ def test_a_batch_far_ahead_does_not_stall_the_learner(s3, tmp_path, run_name):
     print(f"\nbatch far ahead: {figures}")
 
 
-@pytest.mark.xfail(strict=False, reason="known intermittent stall (2 of 7 runs: in CI and locally): after the broker restart and the "
-                   "old producers' clean exit, the new producer served two batches and then got no more dispatches; "
-                   "cause not found yet (the group's partition assignment on tansu is the suspect)")
 def test_new_producers_join_the_group_after_a_broker_restart_and_a_clean_stop(s3, broker_s3, tmp_path, run_name):
     """The broker restarts on its storage mid-run, the run finishes and every service stops
     cleanly; then the run is continued with a producer that never ran before: it must be
-    given dispatches by the existing group and the learner must go on stepping."""
+    given dispatches by the existing group and the learner must go on stepping. (It stalled
+    in 6 of 11 runs while members sent LeaveGroup: the two producers stop together, one leaves
+    during the rebalance the other's leave started, and tansu keeps it as the group's leader;
+    the tests' config sets transport.kafka.leave_group_on_close = false.)"""
     broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, log_path=tmp_path / "broker.log")
     cluster = Cluster(tmp_path, broker, run_name)
     try:
