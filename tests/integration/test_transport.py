@@ -26,6 +26,17 @@ def poll_until(sub, n, timeout_s=30.0):
     return out
 
 
+def wait_polling(predicate, members, what: str, timeout_s: float = 30.0) -> None:
+    """Poll each group member (joins and rebalances happen inside poll) until ``predicate``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        for m in members:
+            m.poll(0.1)
+
+
 def test_publish_consume_keys_headers_commit(transport, run_name):
     transport.ensure_topics(run_name)
     topic = topic_name(run_name, ROLLOUTS)
@@ -101,8 +112,6 @@ def test_sasl_password_comes_from_the_environment_and_is_never_shown(kafka_broke
 def test_a_group_member_without_partitions_is_warned_about(kafka_broker, run_name, monkeypatch):
     """Two members on a one-partition topic: the one left without partitions says so, once
     (a producer that is never given work must not sit idle silently); the other does not."""
-    import time
-
     from structlog.testing import capture_logs
 
     from prl.transport import kafka
@@ -112,19 +121,14 @@ def test_a_group_member_without_partitions_is_warned_about(kafka_broker, run_nam
     topic = topic_name(run_name, "batches")
     members = [transport.subscriber([topic], group=f"{run_name}.g") for _ in range(2)]
 
-    def poll_all():
-        for m in members:
-            m.poll(0.2)
-        return [len(m._consumer.assignment()) for m in members]
-
-    deadline = time.monotonic() + 30
-    while sorted(poll_all()) != [0, 1] and time.monotonic() < deadline:
-        pass
+    wait_polling(lambda: sorted(len(m._consumer.assignment()) for m in members) == [0, 1], members,
+                 "the group to settle")
     idle = next(m for m in members if not m._consumer.assignment())
     monkeypatch.setattr(kafka, "UNASSIGNED_WARN_S", 0.5)
     with capture_logs() as logs:
         for _ in range(10):
-            poll_all()
+            for m in members:
+                m.poll(0.2)
     for m in members:
         m.close()
     warned = [e for e in logs if e["event"] == "no_partitions_assigned"]
@@ -140,8 +144,6 @@ def test_members_that_stop_together_do_not_block_the_group(kafka_broker, run_nam
     a member that sends LeaveGroup during a rebalance stays the group's leader for good (this
     test then timed out 6 of 6 times with LeaveGroup sent); with leave_group_on_close = false
     the members do not send it and their sessions expire."""
-    import time
-
     from kafka.structs import MemberState
 
     cfg = KafkaConfig(bootstrap_servers=kafka_broker.bootstrap, session_timeout_ms=3000, leave_group_on_close=False)
@@ -149,19 +151,12 @@ def test_members_that_stop_together_do_not_block_the_group(kafka_broker, run_nam
     transport.ensure_topics(run_name)
     topic, group = topic_name(run_name, ROLLOUTS), f"{run_name}.g"
 
-    def wait(predicate, members, what, timeout_s=30.0):
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            for m in members:
-                m.poll(0.1)
-
     a, b = (transport.subscriber([topic], group=group) for _ in range(2))
-    wait(lambda: a._consumer.assignment() and b._consumer.assignment(), (a, b), "both members to get partitions")
+    wait_polling(lambda: a._consumer.assignment() and b._consumer.assignment(), (a, b), "both members to get partitions")
     b.close()
     if second_leaves == "while rejoining":
-        wait(lambda: a._consumer._coordinator.state is MemberState.REBALANCING, (a,), "the other member to rejoin")
+        wait_polling(lambda: a._consumer._coordinator.state is MemberState.REBALANCING, (a,), "the other member to rejoin")
     a.close()
     c = transport.subscriber([topic], group=group)
-    wait(lambda: len(c._consumer.assignment()) == TOPICS[ROLLOUTS].partitions, (c,), "the new member to get every partition")
+    wait_polling(lambda: len(c._consumer.assignment()) == TOPICS[ROLLOUTS].partitions, (c,), "the new member to get every partition")
     c.close()
