@@ -130,7 +130,12 @@ def test_fuzzed_topics_are_dead_lettered_and_training_goes_on(transport_cfg):
         return services[2].version >= 3 and len(dead) >= consumers * PER_TOPIC
 
     try:
-        wait_until(done, 900, "three training steps and every malformed message dead-lettered", 0)
+        try:
+            wait_until(done, 900, "three training steps and every malformed message dead-lettered", 0)
+        except TimeoutError as exc:  # say where it stopped (one run in CI stalled here, cause not found)
+            seen = Counter((d.service, d.source_topic.rsplit(".", 1)[-1]) for d in dead)
+            raise TimeoutError(f"{exc}: learner at step {services[2].version}; dead letters by (service, topic) "
+                               f"{dict(seen)}, each consumer should reach {PER_TOPIC}") from None
     finally:
         stop.set()
         for t in threads:
