@@ -105,6 +105,7 @@ class KafkaSubscriber(Subscriber):
             auto_offset_reset="earliest" if from_beginning else "latest",
             max_partition_fetch_bytes=cfg.max_message_bytes,
             fetch_max_bytes=max(cfg.max_message_bytes, 52428800),
+            fetch_max_wait_ms=cfg.fetch_max_wait_ms,
             session_timeout_ms=cfg.session_timeout_ms,
             heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
             client_id=f"prl-{uuid.uuid4().hex[:8]}",
@@ -192,7 +193,8 @@ class KafkaReader(Reader):
 
         self._consumer = KafkaConsumer(**client_settings(cfg), group_id=None, enable_auto_commit=False,
                                        max_partition_fetch_bytes=cfg.max_message_bytes,
-                                       fetch_max_bytes=max(cfg.max_message_bytes, 52428800))
+                                       fetch_max_bytes=max(cfg.max_message_bytes, 52428800),
+                                       fetch_max_wait_ms=cfg.fetch_max_wait_ms)
 
     def get_many(self, coords, timeout_s=30.0):
         from kafka import TopicPartition
