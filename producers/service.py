@@ -7,7 +7,8 @@ Loop, top to bottom:
      (consumer group: producers share them);
   3. generate G completions for each in one engine call;
   4. score each completion with the reward function;
-  5. publish one RolloutGroup per dispatch, carrying the loaded policy version;
+  5. publish one RolloutGroup per dispatch, carrying the loaded policy version (a group
+     without a signal as its rewards only, if producer.drop_zero_signal_completions);
   6. wait for the broker's acknowledgement, then commit the dispatch offsets.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+from prl.formulas import has_signal
 from prl.generation import Request, make_backend
 from prl.rewards import RewardRunner, load_reward
 from prl.models import base_weight_shapes, check_checkpoint, resolve_model_dir, weights_exist
@@ -25,6 +27,11 @@ from schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup
 from schemas.topics import POLICY, PROBLEMS, ROLLOUTS
 
 CATCH_UP_S = 30.0  # at start, read the policy topic to its end (at most this long) before generating
+
+
+def rewards_only(rollouts: list[Rollout]) -> list[Rollout]:
+    """The rollouts without their completions: what the scheduler reads of a group it will not train."""
+    return [Rollout([], [], r.reward, r.finish_reason) for r in rollouts]
 
 
 class Producer(Service):
@@ -147,6 +154,8 @@ class Producer(Service):
                 text = self.backend.decode(c.token_ids)
                 reward = self.reward(text, d.answer)
                 rollouts.append(Rollout(c.token_ids, c.logprobs, reward, c.finish_reason, text))
+            if self.cfg.producer.drop_zero_signal_completions and not has_signal([r.reward for r in rollouts]):
+                rollouts = rewards_only(rollouts)
             groups.append(
                 RolloutGroup(
                     d.dispatch_id, d.problem_id, self.backend.version, self.producer_id, prompt_ids,

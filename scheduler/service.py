@@ -167,9 +167,14 @@ class Scheduler(Service):
 
     def acceptable(self, msg, group: RolloutGroup) -> bool:
         """A group for a problem of this run, made by a version the learner can have made
-        (producers load only announced versions); otherwise dead-lettered."""
+        (producers load only announced versions), with completions if it could be trained;
+        otherwise dead-lettered."""
         if group.problem_id not in self.index:
             self.reject(msg, "unknown_problem", group.problem_id)
+            return False
+        trainable = has_signal(group.rewards) or not self.cfg.filters_zero_variance
+        if trainable and any(not len(r.completion_ids) for r in group.rollouts):
+            self.reject(msg, "missing_completions", "a group that can be trained has rollouts without completion tokens")
             return False
         newest = self.learner_version + self.cfg.scheduler.max_batches_ahead
         if group.policy_version > newest:

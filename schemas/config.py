@@ -143,6 +143,7 @@ class ProducerConfig(Section):
     max_dispatches_per_call: int = Field(16, ge=1, description="Dispatches batched into one generation call.")
     linger_ms: int = Field(50, ge=0, description="After the first dispatch arrives, wait up to this long for more to fill the generation call.")
     threads: int = Field(0, ge=0, description="torch threads (0: leave torch's default).")
+    drop_zero_signal_completions: bool = Field(False, description="Publish a group whose rewards are all equal with its rewards and finish reasons only (no token ids, log-probs or text): the scheduler drops such groups unseen when it filters zero variance (it needs their rewards for its statistics only), so at scale most broker bytes are these completions (README, Running at scale). Needs the zero-variance filter; the rollout archive then keeps only those groups' rewards.")
 
 
 class LearnerConfig(Section):
@@ -192,6 +193,9 @@ class Config(Section):
             raise ValueError("scheduler.filter_zero_variance cannot be false with strategy dapo_filter")
         if self.scheduler.dynamic_sampling and not self.filters_zero_variance:
             raise ValueError("scheduler.dynamic_sampling needs the zero-variance filter (scheduler.filter_zero_variance)")
+        if self.producer.drop_zero_signal_completions and not self.filters_zero_variance:
+            raise ValueError("producer.drop_zero_signal_completions needs the zero-variance filter "
+                             "(scheduler.filter_zero_variance), or the scheduler would train groups without completions")
         if self.scheduler.max_in_flight < self.scheduler.groups_per_batch:
             raise ValueError("scheduler.max_in_flight must be >= scheduler.groups_per_batch, or no batch can fill")
         module = self.producer.reward.partition(":")[0]

@@ -221,6 +221,35 @@ def test_scheduler_dead_letters_rollouts_from_a_version_the_learner_has_not_made
     assert [d.reason for d in run.dead()] == ["future_version"] and did in scheduler.in_flight
 
 
+@pytest.mark.parametrize("rewards, reason", [([1.0, 0.0], ["missing_completions"]), ([0.0, 0.0], [])],
+                         ids=["a signal without completions", "rewards only, no signal"])
+def test_scheduler_trains_no_group_without_completions(tmp_path, rewards, reason):
+    """A group that could be trained must carry its completions; a rewards-only group of no
+    signal (what producers send with drop_zero_signal_completions) counts in the statistics."""
+    run = Run(config(tmp_path))
+    scheduler = Scheduler(run.cfg, run.transport)
+    scheduler.step()
+    did, flight = next(iter(scheduler.in_flight.items()))
+    pid = scheduler.problems[flight.problem].id
+    run.inject(ROLLOUTS, RolloutGroup(did, pid, 0, "p", [1, 3], 1.0, [Rollout([], [], r, "stop") for r in rewards]))
+    scheduler.step()
+    assert [d.reason for d in run.dead()] == reason
+    assert (did in scheduler.in_flight) == bool(reason) and scheduler.groups_returned == (not reason)
+
+
+@pytest.mark.parametrize("rewards, kept", [([0.0] * 4, False), ([1.0, 0.0] * 2, True)], ids=["all wrong", "mixed"])
+def test_producer_sends_rewards_only_for_a_group_without_signal(tmp_path, rewards, kept):
+    run = Run(config(tmp_path, **{"producer.drop_zero_signal_completions": "true"}))
+    producer = Producer(run.cfg, run.transport)
+    scores = iter(rewards)
+    producer.reward.fn = lambda text, answer: next(scores)
+    run.inject(PROBLEMS, Dispatch("d", "add1:1+1", "1+1=", "2", 4, Sampling(1.0, 1.0, 4, []), 0))
+    producer.step()
+    [group] = [decode(m.value, RolloutGroup) for p in run.broker.partitions(topic_name(run.cfg.run.name, ROLLOUTS)) for m in p]
+    assert group.rewards == rewards
+    assert all((len(r.completion_ids) > 0 and len(r.logprobs) > 0) == kept for r in group.rollouts)
+
+
 def test_signed_kinds_need_their_key_at_start(tmp_path, monkeypatch):
     from prl.service import ServiceStopped
 

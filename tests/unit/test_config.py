@@ -32,6 +32,13 @@ def test_bad_field_is_named(override, field):
     assert field in str(exc.value)
 
 
+def test_rewards_only_groups_need_the_zero_variance_filter():
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides=["scheduler.strategy='uniform'", "producer.drop_zero_signal_completions=true"])
+    assert "producer.drop_zero_signal_completions" in str(exc.value)
+    assert load_config(overrides=["producer.drop_zero_signal_completions=true"]).producer.drop_zero_signal_completions
+
+
 def test_toml_file(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[learner]\nlr = 2e-5\n[transport]\ntype = "kafka"\n[transport.kafka]\nbootstrap_servers = "k:9092"\n')
