@@ -1,25 +1,29 @@
 """`prl bench scale`: how many producers one scheduler keeps up with, on this machine.
 
 The real scheduler (`prl scheduler`, its own process) on the real broker (tansu), fed by
-simulated producers: consumer-group members that answer each dispatch with a synthetic
-rollout group (G rollouts of ``--tokens`` completion tokens with log-probs, a realistic mix of
-all-wrong, all-right and mixed rewards) after a simulated generation time, and a learner that
-only acknowledges (it announces a new version per batch). The producer count is ramped until
-the scheduler falls behind (the groups it has not accepted yet keep growing). Reported per
-step: groups/s and MB/s offered and accepted, the scheduler's CPU per group and where its
-time goes (decode, statistics, compose and replay, encode, Kafka I/O, snapshots), dispatch
-latency p50/p99 (issued -> readable by any producer, seen by a reader outside the producers'
-group; the time a dispatch then queues for a busy producer is reported apart, it depends on
-``--max-in-flight``, not on the scheduler); and raw kafka-python moving the same bytes
-(one producer, one consumer) as the ceiling. The ramp runs twice in the same invocation, on the
-same broker: batches that copy the rollouts, then claim-check batches (references the learner
-fetches), so bytes per trained rollout and throughput are compared side by side.
-"""
+simulated producers (threads of this process): consumer-group members that answer each
+dispatch with a synthetic rollout group (G rollouts of ``--tokens`` completion tokens with
+log-probs, a realistic mix of all-wrong, all-right and mixed rewards) after a simulated
+generation time, stamped with the newest version the learner announced; and a learner that
+only acknowledges (its own process; it announces a new version per batch). The producer count
+is ramped until the scheduler falls behind (the groups it has not accepted yet keep growing).
+Reported per step: groups/s and MB/s offered and accepted, the scheduler's CPU per group and
+where its time goes (decode, statistics, compose and replay, encode, Kafka I/O, snapshots),
+the cores each process used, dispatch latency p50/p99 (issued -> readable by any producer,
+seen by a reader in its own process outside the producers' group; the time a dispatch then
+queues for a busy producer is reported apart, it depends on ``--max-in-flight``, not on the
+scheduler); and raw kafka-python moving the same bytes (one producer, one consumer) as the
+ceiling. The ramp runs once per mode in the same invocation, on the same broker: batches that
+copy the rollouts or claim-check them (references the learner fetches), each with producers
+sending every completion or groups without a signal as their rewards only, so bytes per
+trained rollout and throughput are compared side by side."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import sys
 import tempfile
 import threading
@@ -30,41 +34,70 @@ import numpy as np
 
 from benchmarks.common import write_json
 
+SPAWN = multiprocessing.get_context("spawn")  # helper processes start clean, without the producers' threads
 REWARD_MIX = ((0.5, [0.0] * 8), (0.2, [1.0] * 8), (0.3, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]))  # wrong, right, mixed
 
 
 class Templates:
-    """Pre-built rollouts (random tokens and log-probs) reused for every simulated group."""
+    """Pre-built rollouts (random tokens and log-probs) reused for every simulated group;
+    with ``rewards_only``, groups without a signal carry their rewards only, as producers
+    send them with producer.drop_zero_signal_completions."""
 
-    def __init__(self, tokens: int, group_size: int, seed: int = 0):
+    def __init__(self, tokens: int, group_size: int, rewards_only: bool, seed: int = 0):
+        from producers.service import rewards_only as strip
+        from prl.formulas import has_signal
         from schemas import Rollout
 
         rng = np.random.default_rng(seed)
         self.prompt = rng.integers(3, 16, 40, dtype=np.int32)
         self.by_mix = [[Rollout(rng.integers(3, 16, tokens, dtype=np.int32), -rng.random(tokens, dtype=np.float32) - 0.01,
                                 r, "length", "") for r in rewards[:group_size]] for _, rewards in REWARD_MIX]
+        if rewards_only:
+            self.by_mix = [g if has_signal([r.reward for r in g]) else strip(g) for g in self.by_mix]
         self.weights = np.array([w for w, _ in REWARD_MIX])
 
-    def group(self, d, producer_id: str, rng):
+    def group(self, d, version: int, producer_id: str, rng):
         from schemas import RolloutGroup
 
         rollouts = self.by_mix[int(rng.choice(len(self.by_mix), p=self.weights))]
-        return RolloutGroup(d.dispatch_id, d.problem_id, d.learner_version, producer_id, self.prompt, d.sampling.temperature,
+        return RolloutGroup(d.dispatch_id, d.problem_id, version, producer_id, self.prompt, d.sampling.temperature,
                             rollouts, 0.05, 0.0, time.time())
+
+
+class PolicyFollower(threading.Thread):
+    """The newest version the learner announced, as every producer follows it (real producers
+    load each announced version and stamp their groups with it)."""
+
+    def __init__(self, transport, run: str):
+        super().__init__(daemon=True, name="policy-follower")
+        from schemas.topics import POLICY, topic_name
+
+        self.sub = transport.subscriber([topic_name(run, POLICY)], group=None, from_beginning=True)
+        self.version = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from schemas import PolicyVersion, decode
+
+        while not self.stop.is_set():
+            for m in self.sub.poll(0.2):
+                self.version = max(self.version, decode(m.value, PolicyVersion).version)
+        self.sub.close()
 
 
 class SimProducer(threading.Thread):
     """One simulated generation pod: takes up to ``per_call`` dispatches, "generates" for
     ``call_s``, publishes one group per dispatch, commits."""
 
-    def __init__(self, transport, run: str, name: str, templates: Templates, per_call: int, call_s: float, stats: dict):
+    def __init__(self, transport, run: str, name: str, templates: Templates, policy: PolicyFollower, per_call: int,
+                 call_s: float, stats: dict):
         super().__init__(daemon=True, name=name)
         from schemas.topics import PROBLEMS, ROLLOUTS, topic_name
 
         self.sub = transport.subscriber([topic_name(run, PROBLEMS)], group=f"{run}.producers")
         self.pub = transport.publisher()
         self.rollouts_topic = topic_name(run, ROLLOUTS)
-        self.templates, self.per_call, self.call_s, self.stats = templates, per_call, call_s, stats
+        self.templates, self.policy, self.per_call, self.call_s, self.stats = templates, policy, per_call, call_s, stats
         self.stop = threading.Event()
         self.rng = np.random.default_rng(hash(name) % 2**32)
 
@@ -78,9 +111,10 @@ class SimProducer(threading.Thread):
             taken = time.time()
             dispatches = [decode(m.value, Dispatch) for m in msgs]
             self.stats["latency"] += [taken - d.issued_at for d in dispatches]
+            version = self.policy.version  # the weights this call generates with
             time.sleep(self.call_s)  # generation
             for d in dispatches:
-                value = encode(g := self.templates.group(d, self.name, self.rng))
+                value = encode(g := self.templates.group(d, version, self.name, self.rng))
                 self.pub.publish(self.rollouts_topic, value, key=d.problem_id.encode(), headers=headers(g))
                 self.stats["groups"] += 1
                 self.stats["bytes"] += len(value)
@@ -90,61 +124,82 @@ class SimProducer(threading.Thread):
         self.pub.close()
 
 
-class DispatchWatcher(threading.Thread):
+LEARNER_COUNTERS = ("batches", "trained_rollouts", "batch_bytes", "fetched_bytes")
+
+
+def watch_dispatches(config: str, stop, latencies) -> None:
     """Reads the problems topic outside the producers' group (every partition, from the end)
     and records how long each dispatch took from the scheduler's clock to being readable by
     any producer: the latency the scheduler and broker add, apart from queueing for a busy
-    producer (which ``latency`` in SimProducer includes)."""
+    producer (which ``latency`` in SimProducer includes). Its own process, so the simulated
+    producers' threads do not delay what it sees."""
+    from prl.transport.kafka import KafkaTransport
+    from schemas import Dispatch, decode
+    from schemas.config import load_config
+    from schemas.topics import PROBLEMS, topic_name
 
-    def __init__(self, transport, run: str):
-        super().__init__(daemon=True, name="dispatch-watcher")
-        from schemas.topics import PROBLEMS, topic_name
-
-        self.sub = transport.subscriber([topic_name(run, PROBLEMS)], group=None, from_beginning=False)
-        self.latency: list[float] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        from schemas import Dispatch, decode
-
-        while not self.stop.is_set():
-            for m in self.sub.poll(0.2, max_records=500):
-                self.latency.append(time.time() - decode(m.value, Dispatch).issued_at)
-        self.sub.close()
+    cfg = load_config(config)
+    sub = KafkaTransport(cfg.transport.kafka).subscriber([topic_name(cfg.run.name, PROBLEMS)], group=None, from_beginning=False)
+    while not stop.is_set():
+        seen = [time.time() - decode(m.value, Dispatch).issued_at for m in sub.poll(0.2, max_records=500)]
+        if seen:
+            latencies.put(seen)
+    sub.close()
 
 
-class AckLearner(threading.Thread):
-    """Reads every batch (fetching claim-checked rollouts too) and announces a version per batch."""
+def acknowledge_batches(config: str, stop, counters) -> None:
+    """The learner that only acknowledges, in its own process: reads every batch (fetching
+    claim-checked rollouts too), announces a version per batch; ``counters`` (shared, in
+    LEARNER_COUNTERS order) add up what it read."""
+    from learner.sources import resolve_batch
+    from prl.transport.kafka import KafkaTransport
+    from schemas import PolicyVersion, decode, encode, headers
+    from schemas.config import load_config
+    from schemas.topics import BATCHES, POLICY, topic_name
 
-    def __init__(self, transport, cfg, stats: dict):
-        super().__init__(daemon=True, name="ack-learner")
-        from schemas.topics import BATCHES, topic_name
+    cfg = load_config(config)
+    transport = KafkaTransport(cfg.transport.kafka)
+    sub = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=f"{cfg.run.name}.learner")
+    pub, reader, version = transport.publisher(), transport.reader(), 0
+    while not stop.is_set():
+        for m in sub.poll(0.2, max_records=1):
+            batch, fetched = resolve_batch(decode(m.value), reader)
+            version += 1
+            for i, n in enumerate((1, len(batch.rollouts), len(m.value), fetched)):
+                counters[i] += n
+            record = PolicyVersion(version, "", batch.seq, time.time())
+            pub.publish(topic_name(cfg.run.name, POLICY), encode(record), key=b"run", headers=headers(record))
+            pub.flush()
+            sub.commit()
+    sub.close()
+    pub.close()
 
-        self.cfg, self.transport, self.stats = cfg, transport, stats
-        self.sub = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=f"{cfg.run.name}.learner")
-        self.pub = transport.publisher()
-        self.stop = threading.Event()
 
-    def run(self) -> None:
-        from learner.sources import resolve_batch
-        from schemas import PolicyVersion, decode, encode, headers
-        from schemas.topics import POLICY, topic_name
+class Side:
+    """A helper process of the benchmark (the watcher or the learner), stopped by an event."""
 
-        version, reader = 0, self.transport.reader()
-        while not self.stop.is_set():
-            for m in self.sub.poll(0.2, max_records=1):
-                batch, fetched = resolve_batch(decode(m.value), reader)
-                version += 1
-                self.stats["batches"] += 1
-                self.stats["trained_rollouts"] += len(batch.rollouts)
-                self.stats["batch_bytes"] += len(m.value)
-                self.stats["fetched_bytes"] += fetched
-                record = PolicyVersion(version, "", batch.seq, time.time())
-                self.pub.publish(topic_name(self.cfg.run.name, POLICY), encode(record), key=b"run", headers=headers(record))
-                self.pub.flush()
-                self.sub.commit()
-        self.sub.close()
-        self.pub.close()
+    def __init__(self, target, config: Path, shared):
+        self.stop_event = SPAWN.Event()
+        self.proc = SPAWN.Process(target=target, args=(str(config), self.stop_event, shared), daemon=True)
+        self.proc.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def drain(queue) -> list[float]:
+    """Every latency the watcher has put on ``queue`` so far."""
+    import queue as queue_module
+
+    out: list[float] = []
+    while True:
+        try:
+            out += queue.get_nowait()
+        except queue_module.Empty:
+            return out
 
 
 def cpu_seconds(pid: int) -> float:
@@ -164,57 +219,62 @@ def scheduler_figures(run_dir: Path) -> dict:
             "seconds": {k.split("/", 2)[2]: v for k, v in last.items() if k.startswith("scheduler/seconds/")}}
 
 
-def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, claim_check: bool) -> Path:
+MODES = ("copy", "claim_check", "copy+rewards_only", "claim_check+rewards_only")
+
+
+def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, mode: str) -> Path:
     from prl.servers import write_kafka_config
 
     return write_kafka_config(
         path, bootstrap, run, str(run_dir),
         run={"log_format": "json", "log_level": "warning"},
         transport={"kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000, "max_message_bytes": 64 << 20,
+                             "fetch_max_wait_ms": args.fetch_max_wait_ms,
                              "problem_partitions": max(args.producers)}},  # one partition per producer
         task={"train_per_digit": [80, 8000, 20000, 20000]},
         sampling={"group_size": 8, "max_tokens": args.tokens},
         scheduler={"groups_per_batch": args.groups_per_batch, "max_in_flight": args.max_in_flight, "max_batches_ahead": 4,
-                   "max_batch_tokens": 1 << 30, "snapshot_every": 20, "archive": False, "claim_check": claim_check,
-                   "dispatch_timeout_s": 600.0},
+                   "max_batch_tokens": 1 << 30, "snapshot_every": 20, "archive": False,
+                   "claim_check": mode.startswith("claim_check"), "dispatch_timeout_s": 600.0},
+        producer={"drop_zero_signal_completions": mode.endswith("+rewards_only")},
     )
 
 
-def ramp(args, bootstrap: str, work: Path, claim_check: bool) -> list[dict]:
+def ramp(args, bootstrap: str, broker_pid: int | None, work: Path, mode: str) -> list[dict]:
     from prl.servers import Process
     from prl.transport.kafka import KafkaTransport
     from schemas.config import load_config
 
-    mode = "claim_check" if claim_check else "copy"
-    run, run_dir = f"scale{int(time.time())}{mode}", work / mode
-    config = write_config(work / f"{mode}.toml", bootstrap, run, run_dir, args, claim_check)
+    run, run_dir = f"scale{int(time.time())}{mode.replace('+', '')}", work / mode
+    config = write_config(work / f"{mode}.toml", bootstrap, run, run_dir, args, mode)
     cfg = load_config(config)
     transport = KafkaTransport(cfg.transport.kafka)
     transport.ensure_topics(run)
     scheduler = Process([sys.executable, "-m", "prl.cli", "scheduler", "--config", str(config)], log_path=work / f"scheduler-{mode}.log")
-    learner_stats = {"batches": 0, "trained_rollouts": 0, "batch_bytes": 0, "fetched_bytes": 0}
-    learner = AckLearner(transport, cfg, learner_stats)
-    learner.start()
-    watcher = DispatchWatcher(transport, run)
-    watcher.start()
-    templates = Templates(args.tokens, 8)
+    counters, latencies = SPAWN.Array("d", len(LEARNER_COUNTERS)), SPAWN.Queue()
+    learner, watcher = Side(acknowledge_batches, config, counters), Side(watch_dispatches, config, latencies)
+    templates, policy = Templates(args.tokens, 8, cfg.producer.drop_zero_signal_completions), PolicyFollower(transport, run)
+    policy.start()
     producers: list[SimProducer] = []
     steps = []
     try:
         for count in args.producers:
             while len(producers) < count:
                 stats = {"latency": [], "groups": 0, "bytes": 0}
-                producers.append(SimProducer(transport, run, f"sim-{len(producers)}", templates, args.per_call, args.call_s, stats))
+                producers.append(SimProducer(transport, run, f"sim-{len(producers)}", templates, policy, args.per_call,
+                                             args.call_s, stats))
                 producers[-1].start()
-            steps.append(measure(producers, watcher, scheduler.proc.pid, run_dir, learner_stats, args.seconds, count))
-            print(f"{mode:>11} " + format_step(steps[-1]), flush=True)
+            pids = {"scheduler": scheduler.proc.pid, "broker": broker_pid, "producers": os.getpid(),
+                    "learner": learner.proc.pid, "watcher": watcher.proc.pid}
+            steps.append(measure(producers, latencies, pids, run_dir, counters, args.seconds, count))
+            print(f"{mode:>24} " + format_step(steps[-1]), flush=True)
             if len(steps) > 1 and all(behind(s) for s in steps[-2:]):
                 break  # two steps in a row behind: groups pile up unaccepted
     finally:
-        for p in producers:
+        for p in [*producers, policy]:
             p.stop.set()
-        learner.stop.set()
-        watcher.stop.set()
+        learner.stop()
+        watcher.stop()
         scheduler.stop()
     return steps
 
@@ -229,13 +289,20 @@ def behind(step: dict) -> bool:
     return step["backlog_growth_per_s"] > 0.1 * step["offered_groups_per_s"]
 
 
-def measure(producers, watcher, pid: int, run_dir: Path, learner_stats: dict, seconds: float, count: int) -> dict:
+def cores_used(pids: dict, before: dict, dt: float) -> dict:
+    """CPU cores each process used over ``dt`` seconds (the broker's: none when not ours)."""
+    return {name: (cpu_seconds(pid) - before[name]) / dt for name, pid in pids.items() if pid}
+
+
+def measure(producers, latencies, pids: dict, run_dir: Path, counters, seconds: float, count: int) -> dict:
     time.sleep(seconds / 3)  # settle after adding producers
+    pid = pids["scheduler"]
+    cpu_before = {name: cpu_seconds(p) for name, p in pids.items() if p}
     before = (sum(p.stats["groups"] for p in producers), sum(p.stats["bytes"] for p in producers),
-              scheduler_figures(run_dir), cpu_seconds(pid), dict(learner_stats))
+              scheduler_figures(run_dir), cpu_seconds(pid), dict(zip(LEARNER_COUNTERS, counters[:])))
     for p in producers:
         p.stats["latency"] = []
-    watcher.latency = []
+    drain(latencies)
     t0 = time.monotonic()
     time.sleep(seconds)
     dt = time.monotonic() - t0
@@ -243,16 +310,17 @@ def measure(producers, watcher, pid: int, run_dir: Path, learner_stats: dict, se
     sched = scheduler_figures(run_dir)
     accepted = sched["accepted"] - before[2]["accepted"]
     queued = [x for p in producers for x in p.stats["latency"]]
+    learner_stats, seen = dict(zip(LEARNER_COUNTERS, counters[:])), drain(latencies)
     trained = learner_stats["trained_rollouts"] - before[4]["trained_rollouts"]
     broker_bytes = nbytes + learner_stats["batch_bytes"] - before[4]["batch_bytes"]
     return {
         "producers": count, "offered_groups_per_s": groups / dt, "accepted_groups_per_s": accepted / dt,
         "backlog_growth_per_s": (groups - accepted) / dt, "MB_per_s_in": nbytes / dt / 1e6,
-        "scheduler_cpu_per_s": (cpu_seconds(pid) - before[3]) / dt,
+        "scheduler_cpu_per_s": (cpu_seconds(pid) - before[3]) / dt, "cores_used": cores_used(pids, cpu_before, dt),
         "scheduler_cpu_ms_per_group": 1e3 * (cpu_seconds(pid) - before[3]) / max(1, accepted),
         "phase_seconds_per_s": {k: (v - before[2]["seconds"].get(k, 0.0)) / dt for k, v in sched["seconds"].items()},
-        "dispatch_latency_p50_ms": percentile_ms(watcher.latency, 0.5),
-        "dispatch_latency_p99_ms": percentile_ms(watcher.latency, 0.99),
+        "dispatch_latency_p50_ms": percentile_ms(seen, 0.5),
+        "dispatch_latency_p99_ms": percentile_ms(seen, 0.99),
         "queued_until_taken_p50_ms": percentile_ms(queued, 0.5),
         "trained_rollouts_per_s": trained / dt,
         "broker_bytes_written_per_trained_rollout": broker_bytes / max(1, trained),
@@ -268,7 +336,8 @@ def format_step(s: dict) -> str:
             f"{s['scheduler_cpu_per_s']:.2f} cores ({s['scheduler_cpu_ms_per_group']:.2f} ms/group; {phases}), dispatch "
             f"latency p50/p99 {s['dispatch_latency_p50_ms'] or 0:.0f}/{s['dispatch_latency_p99_ms'] or 0:.0f} ms (queued until "
             f"taken p50 {(s['queued_until_taken_p50_ms'] or 0) / 1e3:.1f} s), "
-            f"{s['broker_bytes_written_per_trained_rollout'] / 1e3:.1f} kB written per trained rollout")
+            f"{s['broker_bytes_written_per_trained_rollout'] / 1e3:.1f} kB written per trained rollout; cores used: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in s["cores_used"].items()))
 
 
 def raw_ceiling(bootstrap: str, tokens: int, seconds_hint: int = 400) -> dict:
@@ -297,7 +366,7 @@ def summary_line(mode: str, steps: list[dict], ceiling: dict) -> dict:
     return best
 
 
-def raw_latency(bootstrap: str, messages: int = 300, interval_s: float = 0.02) -> dict:
+def raw_latency(bootstrap: str, fetch_max_wait_ms: int, messages: int = 300, interval_s: float = 0.02) -> dict:
     """Raw kafka-python, publish + flush of a small message -> a consumer of every partition:
     the broker's own delivery latency, the floor under the dispatch latency."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -307,7 +376,7 @@ def raw_latency(bootstrap: str, messages: int = 300, interval_s: float = 0.02) -
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(topic, 4, 1)])
     admin.close()
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, fetch_max_wait_ms=fetch_max_wait_ms)
     consumer.assign([TopicPartition(topic, i) for i in range(4)])
     consumer.seek_to_end()
     consumer.poll(100)
@@ -332,17 +401,37 @@ def raw_latency(bootstrap: str, messages: int = 300, interval_s: float = 0.02) -
     return {"raw_latency_p50_ms": percentile_ms(latency, 0.5), "raw_latency_p99_ms": percentile_ms(latency, 0.99)}
 
 
+def compare_bytes(baseline: str, base_steps: list[dict], mode: str, steps: list[dict]) -> list[dict]:
+    """Broker bytes written per trained rollout of two modes at each producer count both ran
+    (the same offered load), printed and returned."""
+    by_count = {s["producers"]: s for s in base_steps}
+    rows = []
+    for step in steps:
+        if (base := by_count.get(step["producers"])) is None:
+            continue
+        old, new = base["broker_bytes_written_per_trained_rollout"], step["broker_bytes_written_per_trained_rollout"]
+        rows.append({"producers": step["producers"], baseline: old, mode: new, "less": 1 - new / old,
+                     "learner_fetched": step["learner_fetched_bytes_per_trained_rollout"]})
+    print(f"all broker bytes written per trained rollout, {baseline} -> {mode} (goal >= 40% less): " + "; ".join(
+        f"{r['producers']} producers {r[baseline] / 1e3:.1f} -> {r[mode] / 1e3:.1f} kB ({100 * r['less']:.0f}% less)"
+        for r in rows))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench scale", description=__doc__.splitlines()[0])
-    ap.add_argument("--producers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="the ramp of simulated producers")
+    ap.add_argument("--producers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64], help="the ramp of simulated producers")
     ap.add_argument("--tokens", type=int, default=2000, help="completion tokens per rollout")
     ap.add_argument("--per-call", type=int, default=8, help="dispatches a simulated producer takes per generation call")
-    ap.add_argument("--call-s", type=float, default=1.0, help="simulated generation time per call")
+    ap.add_argument("--call-s", type=float, default=0.5, help="simulated generation time per call")
     ap.add_argument("--seconds", type=float, default=20.0, help="measurement time per ramp step")
     ap.add_argument("--groups-per-batch", type=int, default=32)
-    ap.add_argument("--max-in-flight", type=int, default=512, help="the scheduler's dispatches in flight (2x what 32 producers take per call)")
-    ap.add_argument("--modes", nargs="+", choices=["copy", "claim_check"], default=["copy", "claim_check"],
-                    help="batch modes to ramp, in turn on the same broker")
+    ap.add_argument("--max-in-flight", type=int, default=1024, help="the scheduler's dispatches in flight (2x what 64 producers take per call)")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                    help="to ramp, in turn on the same broker: batches that copy or claim-check the rollouts, and "
+                         "+rewards_only: producers send groups without a signal as their rewards only")
+    ap.add_argument("--fetch-max-wait-ms", type=int, default=50,
+                    help="transport.kafka.fetch_max_wait_ms of every consumer, the raw latency probe's too (tansu holds each fetch for most of it)")
     ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
@@ -353,20 +442,18 @@ def main(argv=None) -> int:
         broker = None if args.bootstrap else KafkaBroker(log_path=Path(tmp) / "broker.log")
         bootstrap = args.bootstrap or broker.bootstrap
         try:
-            runs = {mode: ramp(args, bootstrap, Path(tmp), mode == "claim_check") for mode in args.modes}
-            ceiling = raw_ceiling(bootstrap, args.tokens) | raw_latency(bootstrap)
+            broker_pid = broker.proc.pid if broker is not None else None
+            runs = {mode: ramp(args, bootstrap, broker_pid, Path(tmp), mode) for mode in args.modes}
+            ceiling = raw_ceiling(bootstrap, args.tokens) | raw_latency(bootstrap, args.fetch_max_wait_ms)
         finally:
             if broker is not None:
                 broker.stop()
     best = {mode: summary_line(mode, steps, ceiling) for mode, steps in runs.items()}
-    if len(best) == 2:
-        for key, what in (("batch_bytes_per_trained_rollout", "batch-topic bytes"),
-                          ("broker_bytes_written_per_trained_rollout", "all broker bytes written (rollouts + batches)"),
-                          ("learner_fetched_bytes_per_trained_rollout", "bytes the learner fetches")):
-            copy, ref = best["copy"][key], best["claim_check"][key]
-            print(f"per trained rollout, {what}: copy {copy / 1e3:.2f} kB, claim-check {ref / 1e3:.2f} kB"
-                  + (f" ({100 * (1 - ref / copy):.0f}% less; goal >= 40%)" if copy else ""))
-    write_json(args, runs=runs, ceiling=ceiling, best=best)
+    pairs = (("copy", "claim_check"), ("copy+rewards_only", "claim_check+rewards_only"),
+             ("copy", "copy+rewards_only"), ("copy", "claim_check+rewards_only"))
+    bytes_per_trained = {f"{base} -> {mode}": compare_bytes(base, runs[base], mode, runs[mode])
+                         for base, mode in pairs if base in runs and mode in runs}
+    write_json(args, runs=runs, ceiling=ceiling, best=best, bytes_per_trained_rollout=bytes_per_trained)
     return 0
 
 
