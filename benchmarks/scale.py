@@ -127,6 +127,11 @@ class SimProducer(threading.Thread):
 LEARNER_COUNTERS = ("batches", "trained_rollouts", "batch_bytes", "fetched_bytes")
 
 
+def running(stop, parent: int) -> bool:
+    """A helper process goes on until told to stop or its parent is gone (killed)."""
+    return not stop.is_set() and os.getppid() == parent
+
+
 def watch_dispatches(config: str, stop, latencies) -> None:
     """Reads the problems topic outside the producers' group (every partition, from the end)
     and records how long each dispatch took from the scheduler's clock to being readable by
@@ -138,9 +143,9 @@ def watch_dispatches(config: str, stop, latencies) -> None:
     from schemas.config import load_config
     from schemas.topics import PROBLEMS, topic_name
 
-    cfg = load_config(config)
+    cfg, parent = load_config(config), os.getppid()
     sub = KafkaTransport(cfg.transport.kafka).subscriber([topic_name(cfg.run.name, PROBLEMS)], group=None, from_beginning=False)
-    while not stop.is_set():
+    while running(stop, parent):
         seen = [time.time() - decode(m.value, Dispatch).issued_at for m in sub.poll(0.2, max_records=500)]
         if seen:
             latencies.put(seen)
@@ -157,11 +162,11 @@ def acknowledge_batches(config: str, stop, counters) -> None:
     from schemas.config import load_config
     from schemas.topics import BATCHES, POLICY, topic_name
 
-    cfg = load_config(config)
+    cfg, parent = load_config(config), os.getppid()
     transport = KafkaTransport(cfg.transport.kafka)
     sub = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=f"{cfg.run.name}.learner")
     pub, reader, version = transport.publisher(), transport.reader(), 0
-    while not stop.is_set():
+    while running(stop, parent):
         for m in sub.poll(0.2, max_records=1):
             batch, fetched = resolve_batch(decode(m.value), reader)
             version += 1
@@ -227,7 +232,7 @@ def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, mode
 
     return write_kafka_config(
         path, bootstrap, run, str(run_dir),
-        run={"log_format": "json", "log_level": "warning"},
+        run={"log_format": "json", "log_level": "warning", "finish_with_learner": False},  # versions pass max_steps here
         transport={"kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000, "max_message_bytes": 64 << 20,
                              "fetch_max_wait_ms": args.fetch_max_wait_ms,
                              "problem_partitions": max(args.producers)}},  # one partition per producer
