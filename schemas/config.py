@@ -143,7 +143,7 @@ class ProducerConfig(Section):
     max_dispatches_per_call: int = Field(16, ge=1, description="Dispatches batched into one generation call.")
     linger_ms: int = Field(50, ge=0, description="After the first dispatch arrives, wait up to this long for more to fill the generation call.")
     threads: int = Field(0, ge=0, description="torch threads (0: leave torch's default).")
-    drop_zero_signal_completions: bool = Field(False, description="Publish a group whose rewards are all equal with its rewards and finish reasons only (no token ids, log-probs or text): the scheduler drops such groups unseen when it filters zero variance (it needs their rewards for its statistics only), so at scale most broker bytes are these completions (README, Running at scale). Needs the zero-variance filter; the rollout archive then keeps only those groups' rewards.")
+    drop_zero_signal_completions: bool = Field(False, description="Publish a group whose rewards are all equal as its rewards and finish reasons only (no token ids, log-probs or text). With the zero-variance filter the scheduler never trains such a group and reads only its rewards, for its statistics; most generated groups are such groups, so this removes most of the broker's bytes (README, Running at scale). Needs the zero-variance filter; the rollout archive then keeps only those groups' rewards.")
 
 
 class LearnerConfig(Section):

@@ -183,52 +183,59 @@ class KafkaSubscriber(Subscriber):
 
 
 class KafkaReader(Reader):
-    """Messages by position: per partition, seek to the first wanted offset and read forward,
-    seeking again over a gap wider than ``SKIP`` messages."""
+    """Messages by position: every wanted partition at once, each sought to its first wanted
+    offset and read forward, seeking again over a gap wider than ``SKIP`` messages; a
+    partition with nothing left to find is paused."""
 
     SKIP = 64
+    FETCH_BYTES = 1 << 20  # per partition and fetch: a few messages past the wanted one, not max_message_bytes of them
 
     def __init__(self, cfg):
         from kafka import KafkaConsumer
 
+        # Brokers return a first message larger than the fetch size whole (KIP-74; tansu too), so
+        # a small fetch size loses no message and saves reading what follows the wanted offsets.
         self._consumer = KafkaConsumer(**client_settings(cfg), group_id=None, enable_auto_commit=False,
-                                       max_partition_fetch_bytes=cfg.max_message_bytes,
+                                       max_partition_fetch_bytes=self.FETCH_BYTES,
                                        fetch_max_bytes=max(cfg.max_message_bytes, 52428800),
                                        fetch_max_wait_ms=cfg.fetch_max_wait_ms)
 
     def get_many(self, coords, timeout_s=30.0):
         from kafka import TopicPartition
-
-        wanted: dict = {}
-        for topic, partition, offset in coords:
-            wanted.setdefault(TopicPartition(topic, partition), set()).add(offset)
-        out = {}
-        for tp, offsets in wanted.items():
-            out.update(self._read(tp, sorted(offsets), timeout_s))
-        return out
-
-    def _read(self, tp, offsets: list[int], timeout_s: float) -> dict:
         from kafka.errors import KafkaError
 
-        self._consumer.assign([tp])
-        out, pending = {}, list(offsets)
+        pending: dict = {}
+        for topic, partition, offset in sorted(coords):
+            pending.setdefault(TopicPartition(topic, partition), []).append(offset)
+        out: dict = {}
         deadline = time.monotonic() + timeout_s
         try:
-            self._consumer.seek(tp, pending[0])
-            while pending and time.monotonic() < deadline:
-                for r in self._consumer.poll(timeout_ms=500, max_records=500).get(tp, []):
-                    if r.offset in offsets:
-                        out[(tp.topic, tp.partition, r.offset)] = Message(r.topic, r.partition, r.offset, r.key, r.value,
+            self._consumer.unsubscribe()  # no state kept from an earlier call (paused, high watermark)
+            self._consumer.assign(list(pending))
+            for tp, offsets in pending.items():
+                self._consumer.seek(tp, offsets[0])
+            while any(pending.values()) and time.monotonic() < deadline:
+                for tp, records in self._consumer.poll(timeout_ms=500, max_records=500).items():
+                    wanted = set(pending[tp])
+                    out.update({(r.topic, r.partition, r.offset): Message(r.topic, r.partition, r.offset, r.key, r.value,
                                                                           list(r.headers or []), r.timestamp)
-                pending = [o for o in pending if (tp.topic, tp.partition, o) not in out]
-                position = self._consumer.position(tp)
-                if pending and pending[0] - position > self.SKIP:
-                    self._consumer.seek(tp, pending[0])
-                elif pending and pending[0] < position:
-                    pending.pop(0)  # passed without a message at that offset (compacted, or never there)
+                                for r in records if r.offset in wanted})
+                for tp in pending:
+                    pending[tp] = self._next_wanted(tp, pending[tp], out)
         except KafkaError as exc:
             raise TransportError(f"read failed: {type(exc).__name__}: {exc}") from None
         return out
+
+    def _next_wanted(self, tp, offsets: list[int], found: dict) -> list[int]:
+        """The offsets of ``tp`` still to find (not passed without them, below the partition's
+        end); seeks over a wide gap, pauses a finished partition."""
+        position, end = self._consumer.position(tp), self._consumer.highwater(tp)
+        left = [o for o in offsets if (tp.topic, tp.partition, o) not in found and position <= o < (end or 1 << 62)]
+        if not left:
+            self._consumer.pause(tp)
+        elif left[0] - position > self.SKIP:
+            self._consumer.seek(tp, left[0])
+        return left
 
     def close(self):
         self._consumer.close(autocommit=False)

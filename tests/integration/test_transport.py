@@ -1,6 +1,8 @@
 """The transport contract, held by both implementations: the in-memory one and Kafka
 over a real broker process."""
 
+import time
+
 import pytest
 
 from prl.transport.kafka import KafkaTransport
@@ -18,8 +20,6 @@ def transport(request):
 
 
 def poll_until(sub, n, timeout_s=30.0):
-    import time
-
     out, deadline = [], time.monotonic() + timeout_s
     while len(out) < n and time.monotonic() < deadline:
         out += sub.poll(0.5)
@@ -28,8 +28,6 @@ def poll_until(sub, n, timeout_s=30.0):
 
 def wait_polling(predicate, members, what: str, timeout_s: float = 30.0) -> None:
     """Poll each group member (joins and rebalances happen inside poll) until ``predicate``."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -77,6 +75,30 @@ def test_reader_without_group_sees_everything(transport, run_name):
     assert [m.value for m in poll_until(a, 3)] == [b"\x00", b"\x01", b"\x02"]
     assert [m.value for m in poll_until(b, 3)] == [b"\x00", b"\x01", b"\x02"]
     a.close(), b.close(), pub.close()
+
+
+def test_reader_fetches_messages_by_position_across_partitions(transport, run_name):
+    """Scattered offsets in several partitions, far gaps, one message larger than the reader's
+    fetch size, offsets that do not exist; twice, so a second call is not stuck on the first."""
+    transport.ensure_topics(run_name)
+    topic = topic_name(run_name, ROLLOUTS)
+    pub = transport.publisher()
+    for i in range(400):
+        pub.publish(topic, b"x" * (3 << 20) if i == 150 else f"v{i}".encode(), key=f"k{i % 4}".encode())
+    pub.flush()
+    sub = transport.subscriber([topic], group=None)
+    where = {m.value: (m.topic, m.partition, m.offset) for m in poll_until(sub, 400)}
+    sub.close()
+    reader = transport.reader()
+    for values in ([b"v3", b"v7", b"v399", b"x" * (3 << 20), b"v200"], [b"v1", b"v398"]):
+        coords = [where[v] for v in values] + [(topic, 0, 10_000)]
+        t0 = time.monotonic()
+        got = reader.get_many(coords, timeout_s=30)
+        assert time.monotonic() - t0 < 10, "an offset past the end is not waited for"
+        assert sorted(got) == sorted(where[v] for v in values)
+        assert all(got[where[v]].value == v for v in values)
+    reader.close()
+    pub.close()
 
 
 @pytest.mark.kafka
