@@ -173,12 +173,15 @@ def to_batches(groups: list[RolloutGroup], groups_per_batch: int, max_tokens: in
 
     Batch ``seq`` is stamped with policy version ``seq``, the version a learner starting from
     scratch has when it takes it, so its staleness filter keeps every archived rollout (the
-    original versions belong to another run's clock); the behaviour log-probs are kept."""
+    original versions belong to another run's clock); the behaviour log-probs are kept. Groups
+    archived as rewards only (producer.drop_zero_signal_completions) have nothing to train
+    and are left out."""
     import dataclasses
 
     from scheduler.batches import compose_batch
 
-    batches, pending, seq, generated = [], list(groups), 0, 0
+    trainable = [g for g in groups if all(len(r.completion_ids) for r in g.rollouts)]
+    batches, pending, seq, generated = [], trainable, 0, 0
     while pending:
         chunk, pending = pending[:groups_per_batch], pending[groups_per_batch:]
         chunk = [dataclasses.replace(g, policy_version=seq) for g in chunk]

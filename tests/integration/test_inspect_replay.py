@@ -5,6 +5,7 @@ import io
 import json
 import random
 import threading
+from dataclasses import replace
 
 import fsspec
 import pytest
@@ -30,6 +31,19 @@ def make_groups(n: int, seed: int = 0) -> list[RolloutGroup]:
         out.append(RolloutGroup(f"d{i:04d}", f"add{1 + i % 3}:{i % 10}+{i % 7}", i // 10, f"producer-{i % 2}",
                                 [5, 6, 7], 1.0, rollouts, created_at=1000.0 + i))
     return out
+
+
+def test_offline_batches_leave_out_groups_archived_as_rewards_only():
+    from producers.service import rewards_only
+
+    groups = make_groups(12)
+    stripped = {g.dispatch_id for g in groups[::3]}
+    groups = [replace(g, rollouts=rewards_only(g.rollouts)) if g.dispatch_id in stripped else g for g in groups]
+    batches = replay.to_batches(groups, groups_per_batch=4, max_tokens=1 << 20)
+    trained = {r.rollout_id.rsplit("/", 1)[0] for b in batches for r in b.rollouts}
+    assert trained == {g.dispatch_id for g in groups} - stripped
+    for b in batches:
+        b.validate()
 
 
 def kafka_config(broker, run_name, **extra):
