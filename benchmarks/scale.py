@@ -127,6 +127,13 @@ class SimProducer(threading.Thread):
 LEARNER_COUNTERS = ("batches", "trained_rollouts", "batch_bytes", "fetched_bytes")
 
 
+def quiet() -> None:
+    """Warnings and errors only on the console: the benchmark prints its own figures."""
+    from prl import logs
+
+    logs.configure("console", "warning")
+
+
 def running(stop, parent: int) -> bool:
     """A helper process goes on until told to stop or its parent is gone (killed)."""
     return not stop.is_set() and os.getppid() == parent
@@ -143,6 +150,7 @@ def watch_dispatches(config: str, stop, latencies) -> None:
     from schemas.config import load_config
     from schemas.topics import PROBLEMS, topic_name
 
+    quiet()
     cfg, parent = load_config(config), os.getppid()
     sub = KafkaTransport(cfg.transport.kafka).subscriber([topic_name(cfg.run.name, PROBLEMS)], group=None, from_beginning=False)
     while running(stop, parent):
@@ -162,6 +170,7 @@ def acknowledge_batches(config: str, stop, counters) -> None:
     from schemas.config import load_config
     from schemas.topics import BATCHES, POLICY, topic_name
 
+    quiet()
     cfg, parent = load_config(config), os.getppid()
     transport = KafkaTransport(cfg.transport.kafka)
     sub = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=f"{cfg.run.name}.learner")
@@ -443,6 +452,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
+    quiet()
 
     from prl.servers import KafkaBroker
 
