@@ -13,7 +13,8 @@ the cores each process used, dispatch latency p50/p99 (issued -> readable by any
 seen by a reader in its own process outside the producers' group; the time a dispatch then
 queues for a busy producer is reported apart, it depends on ``--max-in-flight``, not on the
 scheduler); and raw kafka-python moving the same bytes (one producer, one consumer) as the
-ceiling. The ramp runs once per mode in the same invocation, on the same broker: batches that
+ceiling, and a raw kafka-python probe (small messages, publish -> consume, its own process)
+running through the ramp: the broker's latency under the same load. The ramp runs once per mode in the same invocation, on the same broker: batches that
 copy the rollouts or claim-check them (references the learner fetches), each with producers
 sending every completion or groups without a signal as their rewards only, so bytes per
 trained rollout and throughput are compared side by side."""
@@ -128,10 +129,14 @@ LEARNER_COUNTERS = ("batches", "trained_rollouts", "batch_bytes", "fetched_bytes
 
 
 def quiet() -> None:
-    """Warnings and errors only on the console: the benchmark prints its own figures."""
+    """Warnings and errors only on the console (kafka-python's: errors only, its raw clients
+    here warn about what is meant); the benchmark prints its own figures."""
+    import logging
+
     from prl import logs
 
     logs.configure("console", "warning")
+    logging.getLogger("kafka").setLevel(logging.ERROR)
 
 
 def running(stop, parent: int) -> bool:
@@ -265,8 +270,9 @@ def ramp(args, bootstrap: str, broker_pid: int | None, work: Path, mode: str) ->
     transport = KafkaTransport(cfg.transport.kafka)
     transport.ensure_topics(run)
     scheduler = Process([sys.executable, "-m", "prl.cli", "scheduler", "--config", str(config)], log_path=work / f"scheduler-{mode}.log")
-    counters, latencies = SPAWN.Array("d", len(LEARNER_COUNTERS)), SPAWN.Queue()
-    learner, watcher = Side(acknowledge_batches, config, counters), Side(watch_dispatches, config, latencies)
+    counters, latencies = SPAWN.Array("d", len(LEARNER_COUNTERS)), {"dispatch": SPAWN.Queue(), "probe": SPAWN.Queue()}
+    learner, watcher = Side(acknowledge_batches, config, counters), Side(watch_dispatches, config, latencies["dispatch"])
+    probe = Side(probe_broker, config, latencies["probe"])
     templates, policy = Templates(args.tokens, 8, cfg.producer.drop_zero_signal_completions), PolicyFollower(transport, run)
     policy.start()
     producers: list[SimProducer] = []
@@ -279,7 +285,7 @@ def ramp(args, bootstrap: str, broker_pid: int | None, work: Path, mode: str) ->
                                              args.call_s, stats))
                 producers[-1].start()
             pids = {"scheduler": scheduler.proc.pid, "broker": broker_pid, "producers": os.getpid(),
-                    "learner": learner.proc.pid, "watcher": watcher.proc.pid}
+                    "learner": learner.proc.pid, "watcher": watcher.proc.pid, "probe": probe.proc.pid}
             steps.append(measure(producers, latencies, pids, run_dir, counters, args.seconds, count))
             print(f"{mode:>24} " + format_step(steps[-1]), flush=True)
             if len(steps) > 1 and all(behind(s) for s in steps[-2:]):
@@ -287,8 +293,8 @@ def ramp(args, bootstrap: str, broker_pid: int | None, work: Path, mode: str) ->
     finally:
         for p in [*producers, policy]:
             p.stop.set()
-        learner.stop()
-        watcher.stop()
+        for side in (learner, watcher, probe):
+            side.stop()
         scheduler.stop()
     return steps
 
@@ -308,7 +314,7 @@ def cores_used(pids: dict, before: dict, dt: float) -> dict:
     return {name: (cpu_seconds(pid) - before[name]) / dt for name, pid in pids.items() if pid}
 
 
-def measure(producers, latencies, pids: dict, run_dir: Path, counters, seconds: float, count: int) -> dict:
+def measure(producers, latencies: dict, pids: dict, run_dir: Path, counters, seconds: float, count: int) -> dict:
     time.sleep(seconds / 3)  # settle after adding producers
     pid = pids["scheduler"]
     cpu_before = {name: cpu_seconds(p) for name, p in pids.items() if p}
@@ -316,7 +322,8 @@ def measure(producers, latencies, pids: dict, run_dir: Path, counters, seconds: 
               scheduler_figures(run_dir), cpu_seconds(pid), dict(zip(LEARNER_COUNTERS, counters[:])))
     for p in producers:
         p.stats["latency"] = []
-    drain(latencies)
+    for queue in latencies.values():
+        drain(queue)
     t0 = time.monotonic()
     time.sleep(seconds)
     dt = time.monotonic() - t0
@@ -324,7 +331,7 @@ def measure(producers, latencies, pids: dict, run_dir: Path, counters, seconds: 
     sched = scheduler_figures(run_dir)
     accepted = sched["accepted"] - before[2]["accepted"]
     queued = [x for p in producers for x in p.stats["latency"]]
-    learner_stats, seen = dict(zip(LEARNER_COUNTERS, counters[:])), drain(latencies)
+    learner_stats, seen, probed = dict(zip(LEARNER_COUNTERS, counters[:])), drain(latencies["dispatch"]), drain(latencies["probe"])
     trained = learner_stats["trained_rollouts"] - before[4]["trained_rollouts"]
     broker_bytes = nbytes + learner_stats["batch_bytes"] - before[4]["batch_bytes"]
     return {
@@ -335,6 +342,7 @@ def measure(producers, latencies, pids: dict, run_dir: Path, counters, seconds: 
         "phase_seconds_per_s": {k: (v - before[2]["seconds"].get(k, 0.0)) / dt for k, v in sched["seconds"].items()},
         "dispatch_latency_p50_ms": percentile_ms(seen, 0.5),
         "dispatch_latency_p99_ms": percentile_ms(seen, 0.99),
+        "broker_probe_latency_p50_ms": percentile_ms(probed, 0.5), "broker_probe_latency_p99_ms": percentile_ms(probed, 0.99),
         "queued_until_taken_p50_ms": percentile_ms(queued, 0.5),
         "trained_rollouts_per_s": trained / dt,
         "broker_bytes_written_per_trained_rollout": broker_bytes / max(1, trained),
@@ -348,7 +356,8 @@ def format_step(s: dict) -> str:
     return (f"{s['producers']:>4} producers: offered {s['offered_groups_per_s']:7.1f} groups/s ({s['MB_per_s_in']:6.1f} MB/s), "
             f"accepted {s['accepted_groups_per_s']:7.1f}/s, backlog +{s['backlog_growth_per_s']:.1f}/s, scheduler CPU "
             f"{s['scheduler_cpu_per_s']:.2f} cores ({s['scheduler_cpu_ms_per_group']:.2f} ms/group; {phases}), dispatch "
-            f"latency p50/p99 {s['dispatch_latency_p50_ms'] or 0:.0f}/{s['dispatch_latency_p99_ms'] or 0:.0f} ms (queued until "
+            f"latency p50/p99 {s['dispatch_latency_p50_ms'] or 0:.0f}/{s['dispatch_latency_p99_ms'] or 0:.0f} ms (raw probe "
+            f"{s.get('broker_probe_latency_p50_ms') or 0:.0f}/{s.get('broker_probe_latency_p99_ms') or 0:.0f} ms; queued until "
             f"taken p50 {(s['queued_until_taken_p50_ms'] or 0) / 1e3:.1f} s), "
             f"{s['broker_bytes_written_per_trained_rollout'] / 1e3:.1f} kB written per trained rollout; cores used: "
             + ", ".join(f"{k} {v:.2f}" for k, v in s["cores_used"].items()))
@@ -378,18 +387,20 @@ def summary_line(mode: str, steps: list[dict], ceiling: dict) -> dict:
           f"({best['accepted_groups_per_s'] * bytes_per_group / 1e6:.1f} MB/s) with {best['producers']} producers; "
           f"{against_raw}; dispatch latency p99 "
           f"{best['dispatch_latency_p99_ms'] or 0:.0f} ms (goal < 100; raw kafka-python publish -> consume on this broker: "
-          f"p50 {ceiling['raw_latency_p50_ms']:.0f}, p99 {ceiling['raw_latency_p99_ms']:.0f} ms); "
+          f"p99 {best['broker_probe_latency_p99_ms'] or 0:.0f} ms at that step, p50 {ceiling['raw_latency_p50_ms']:.0f} and "
+          f"p99 {ceiling['raw_latency_p99_ms']:.0f} ms idle); "
           f"{best['broker_bytes_written_per_trained_rollout'] / 1e3:.1f} kB written per trained rollout")
     return best
 
 
-def raw_latency(bootstrap: str, fetch_max_wait_ms: int, messages: int = 300, interval_s: float = 0.02) -> dict:
-    """Raw kafka-python, publish + flush of a small message -> a consumer of every partition:
-    the broker's own delivery latency, the floor under the dispatch latency."""
+def raw_probe(bootstrap: str, fetch_max_wait_ms: int, keep_going, interval_s: float = 0.02):
+    """Raw kafka-python, publish + flush of a small message every ``interval_s`` -> a consumer
+    of every partition of its own topic, while ``keep_going()``: yields the latencies each
+    poll saw (the broker's own delivery latency, the floor under the dispatch latency)."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    topic = f"latency{int(time.time())}"
+    topic = f"latency{time.time_ns()}"
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(topic, 4, 1)])
     admin.close()
@@ -398,24 +409,45 @@ def raw_latency(bootstrap: str, fetch_max_wait_ms: int, messages: int = 300, int
     consumer.seek_to_end()
     consumer.poll(100)
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-    latency: list[float] = []
 
     def send():
-        for _ in range(messages):
+        while keep_going():
             producer.send(topic, str(time.time()).encode())
             producer.flush()
             time.sleep(interval_s)
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
+    try:
+        while keep_going():
+            yield [time.time() - float(r.value) for records in consumer.poll(200).values() for r in records]
+    finally:
+        sender.join(5)
+        producer.close()
+        consumer.close()
+
+
+def raw_latency(bootstrap: str, fetch_max_wait_ms: int, messages: int = 300, interval_s: float = 0.02) -> dict:
+    """The raw probe on an otherwise idle broker, for ``messages`` messages."""
+    latency: list[float] = []
     deadline = time.monotonic() + messages * interval_s * 3 + 10
-    while len(latency) < messages and time.monotonic() < deadline:
-        for records in consumer.poll(200).values():
-            latency += [time.time() - float(r.value) for r in records]
-    sender.join()
-    producer.close()
-    consumer.close()
+    for seen in raw_probe(bootstrap, fetch_max_wait_ms, lambda: len(latency) < messages and time.monotonic() < deadline,
+                          interval_s):
+        latency += seen
     return {"raw_latency_p50_ms": percentile_ms(latency, 0.5), "raw_latency_p99_ms": percentile_ms(latency, 0.99)}
+
+
+def probe_broker(config: str, stop, latencies) -> None:
+    """The raw probe in its own process during the ramp: the broker's latency under the same
+    load as the scheduler's dispatches."""
+    from schemas.config import load_config
+
+    quiet()
+    cfg, parent = load_config(config), os.getppid()
+    kafka = cfg.transport.kafka
+    for seen in raw_probe(kafka.bootstrap_servers, kafka.fetch_max_wait_ms, lambda: running(stop, parent), interval_s=0.05):
+        if seen:
+            latencies.put(seen)
 
 
 def compare_bytes(baseline: str, base_steps: list[dict], mode: str, steps: list[dict]) -> list[dict]:
