@@ -230,7 +230,8 @@ class KafkaReader(Reader):
         """The offsets of ``tp`` still to find (not passed without them, below the partition's
         end); seeks over a wide gap, pauses a finished partition."""
         position, end = self._consumer.position(tp), self._consumer.highwater(tp)
-        left = [o for o in offsets if (tp.topic, tp.partition, o) not in found and position <= o < (end or 1 << 62)]
+        end = 1 << 62 if end is None else end  # unknown until a fetch of this call has answered
+        left = [o for o in offsets if (tp.topic, tp.partition, o) not in found and position <= o < end]
         if not left:
             self._consumer.pause(tp)
         elif left[0] - position > self.SKIP:
