@@ -62,8 +62,8 @@ def compose_batch(
     ``learner_version`` (the version that will train the batch) and, if any, a replayed
     share drawn from ``buffer`` after its stale rollouts are evicted."""
     fresh_groups, stale, zero_signal = sort_fresh(groups, learner_version, tau_max, drop_zero_signal)
-    stale_rollouts = [r for g in groups if rollout_age(learner_version, g.policy_version) > tau_max
-                      for r in g.rollouts if len(r.completion_ids)]  # not the rewards-only groups of no signal
+    stale_rollouts = [r for g in groups if rollout_age(learner_version, g.policy_version) > tau_max and g.has_completions
+                      for r in g.rollouts]
     stale_tokens = (sum(len(r.completion_ids) for r in stale_rollouts), len(stale_rollouts))
     kept, leftover, tokens = fit_token_budget(fresh_groups, max_tokens)
     fresh = [r for g in kept for r in train_rollouts(g)]

@@ -172,8 +172,7 @@ class Scheduler(Service):
         if group.problem_id not in self.index:
             self.reject(msg, "unknown_problem", group.problem_id)
             return False
-        missing = any(not len(r.completion_ids) for r in group.rollouts)  # error groups have no rollouts
-        if missing and (not self.cfg.filters_zero_variance or has_signal(group.rewards)):
+        if not group.has_completions and (not self.cfg.filters_zero_variance or has_signal(group.rewards)):
             self.reject(msg, "missing_completions", "a group that can be trained has rollouts without completion tokens")
             return False
         newest = self.learner_version + self.cfg.scheduler.max_batches_ahead

@@ -210,6 +210,12 @@ class RolloutGroup:
     def rewards(self) -> list[float]:
         return [r.reward for r in self.rollouts]
 
+    @property
+    def has_completions(self) -> bool:
+        """Every rollout carries its completion tokens (false for a group sent as its rewards
+        only, producer.drop_zero_signal_completions; true for an error group, which has none)."""
+        return all(len(r.completion_ids) for r in self.rollouts)
+
     def validate(self) -> None:
         _require(self.policy_version >= 0, "invalid_value", "negative policy_version")
         _require(self.policy_version <= MAX_COUNT, "invalid_value", "policy_version out of range")

@@ -180,8 +180,7 @@ def to_batches(groups: list[RolloutGroup], groups_per_batch: int, max_tokens: in
 
     from scheduler.batches import compose_batch
 
-    trainable = [g for g in groups if all(len(r.completion_ids) for r in g.rollouts)]
-    batches, pending, seq, generated = [], trainable, 0, 0
+    batches, pending, seq, generated = [], [g for g in groups if g.has_completions], 0, 0
     while pending:
         chunk, pending = pending[:groups_per_batch], pending[groups_per_batch:]
         chunk = [dataclasses.replace(g, policy_version=seq) for g in chunk]
