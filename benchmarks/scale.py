@@ -316,10 +316,9 @@ def cores_used(pids: dict, before: dict, dt: float) -> dict:
 
 def measure(producers, latencies: dict, pids: dict, run_dir: Path, counters, seconds: float, count: int) -> dict:
     time.sleep(seconds / 3)  # settle after adding producers
-    pid = pids["scheduler"]
     cpu_before = {name: cpu_seconds(p) for name, p in pids.items() if p}
-    before = (sum(p.stats["groups"] for p in producers), sum(p.stats["bytes"] for p in producers),
-              scheduler_figures(run_dir), cpu_seconds(pid), dict(zip(LEARNER_COUNTERS, counters[:])))
+    groups0, bytes0 = sum(p.stats["groups"] for p in producers), sum(p.stats["bytes"] for p in producers)
+    sched0, learner0 = scheduler_figures(run_dir), dict(zip(LEARNER_COUNTERS, counters[:]))
     for p in producers:
         p.stats["latency"] = []
     for queue in latencies.values():
@@ -327,27 +326,28 @@ def measure(producers, latencies: dict, pids: dict, run_dir: Path, counters, sec
     t0 = time.monotonic()
     time.sleep(seconds)
     dt = time.monotonic() - t0
-    groups, nbytes = sum(p.stats["groups"] for p in producers) - before[0], sum(p.stats["bytes"] for p in producers) - before[1]
+    groups, nbytes = sum(p.stats["groups"] for p in producers) - groups0, sum(p.stats["bytes"] for p in producers) - bytes0
     sched = scheduler_figures(run_dir)
-    accepted = sched["accepted"] - before[2]["accepted"]
+    accepted = sched["accepted"] - sched0["accepted"]
     queued = [x for p in producers for x in p.stats["latency"]]
     learner_stats, seen, probed = dict(zip(LEARNER_COUNTERS, counters[:])), drain(latencies["dispatch"]), drain(latencies["probe"])
-    trained = learner_stats["trained_rollouts"] - before[4]["trained_rollouts"]
-    broker_bytes = nbytes + learner_stats["batch_bytes"] - before[4]["batch_bytes"]
+    trained = learner_stats["trained_rollouts"] - learner0["trained_rollouts"]
+    broker_bytes = nbytes + learner_stats["batch_bytes"] - learner0["batch_bytes"]
+    cores = cores_used(pids, cpu_before, dt)
     return {
         "producers": count, "offered_groups_per_s": groups / dt, "accepted_groups_per_s": accepted / dt,
         "backlog_growth_per_s": (groups - accepted) / dt, "MB_per_s_in": nbytes / dt / 1e6,
-        "scheduler_cpu_per_s": (cpu_seconds(pid) - before[3]) / dt, "cores_used": cores_used(pids, cpu_before, dt),
-        "scheduler_cpu_ms_per_group": 1e3 * (cpu_seconds(pid) - before[3]) / max(1, accepted),
-        "phase_seconds_per_s": {k: (v - before[2]["seconds"].get(k, 0.0)) / dt for k, v in sched["seconds"].items()},
+        "scheduler_cpu_per_s": cores["scheduler"], "cores_used": cores,
+        "scheduler_cpu_ms_per_group": 1e3 * cores["scheduler"] * dt / max(1, accepted),
+        "phase_seconds_per_s": {k: (v - sched0["seconds"].get(k, 0.0)) / dt for k, v in sched["seconds"].items()},
         "dispatch_latency_p50_ms": percentile_ms(seen, 0.5),
         "dispatch_latency_p99_ms": percentile_ms(seen, 0.99),
         "broker_probe_latency_p50_ms": percentile_ms(probed, 0.5), "broker_probe_latency_p99_ms": percentile_ms(probed, 0.99),
         "queued_until_taken_p50_ms": percentile_ms(queued, 0.5),
         "trained_rollouts_per_s": trained / dt,
         "broker_bytes_written_per_trained_rollout": broker_bytes / max(1, trained),
-        "batch_bytes_per_trained_rollout": (learner_stats["batch_bytes"] - before[4]["batch_bytes"]) / max(1, trained),
-        "learner_fetched_bytes_per_trained_rollout": (learner_stats["fetched_bytes"] - before[4]["fetched_bytes"]) / max(1, trained),
+        "batch_bytes_per_trained_rollout": (learner_stats["batch_bytes"] - learner0["batch_bytes"]) / max(1, trained),
+        "learner_fetched_bytes_per_trained_rollout": (learner_stats["fetched_bytes"] - learner0["fetched_bytes"]) / max(1, trained),
     }
 
 
