@@ -125,7 +125,7 @@ class SimProducer(threading.Thread):
         self.pub.close()
 
 
-LEARNER_COUNTERS = ("batches", "trained_rollouts", "batch_bytes", "fetched_bytes")
+LEARNER_COUNTERS = ("batches", "trained_rollouts", "batch_bytes", "fetched_bytes", "cached_bytes")
 
 
 def quiet() -> None:
@@ -169,7 +169,7 @@ def acknowledge_batches(config: str, stop, counters) -> None:
     """The learner that only acknowledges, in its own process: reads every batch (fetching
     claim-checked rollouts too), announces a version per batch; ``counters`` (shared, in
     LEARNER_COUNTERS order) add up what it read."""
-    from learner.sources import resolve_batch
+    from learner.sources import GroupCache, resolve_batch
     from prl.transport.kafka import KafkaTransport
     from schemas import PolicyVersion, decode, encode, headers
     from schemas.config import load_config
@@ -179,12 +179,12 @@ def acknowledge_batches(config: str, stop, counters) -> None:
     cfg, parent = load_config(config), os.getppid()
     transport = KafkaTransport(cfg.transport.kafka)
     sub = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=f"{cfg.run.name}.learner")
-    pub, reader, version = transport.publisher(), transport.reader(), 0
+    pub, groups, version = transport.publisher(), GroupCache(transport.reader(), cfg.learner.fetch_cache_mb << 20), 0
     while running(stop, parent):
         for m in sub.poll(0.2, max_records=1):
-            batch, fetched = resolve_batch(decode(m.value), reader)
+            batch, fetched, cached = resolve_batch(decode(m.value), groups, oldest_version=version - cfg.scheduler.tau_max)
             version += 1
-            for i, n in enumerate((1, len(batch.rollouts), len(m.value), fetched)):
+            for i, n in enumerate((1, len(batch.rollouts), len(m.value), fetched, cached)):
                 counters[i] += n
             record = PolicyVersion(version, "", batch.seq, time.time())
             pub.publish(topic_name(cfg.run.name, POLICY), encode(record), key=b"run", headers=headers(record))
@@ -348,6 +348,7 @@ def measure(producers, latencies: dict, pids: dict, run_dir: Path, counters, sec
         "broker_bytes_written_per_trained_rollout": broker_bytes / max(1, trained),
         "batch_bytes_per_trained_rollout": (learner_stats["batch_bytes"] - learner0["batch_bytes"]) / max(1, trained),
         "learner_fetched_bytes_per_trained_rollout": (learner_stats["fetched_bytes"] - learner0["fetched_bytes"]) / max(1, trained),
+        "learner_cached_bytes_per_trained_rollout": (learner_stats["cached_bytes"] - learner0["cached_bytes"]) / max(1, trained),
     }
 
 
@@ -460,10 +461,14 @@ def compare_bytes(baseline: str, base_steps: list[dict], mode: str, steps: list[
             continue
         old, new = base["broker_bytes_written_per_trained_rollout"], step["broker_bytes_written_per_trained_rollout"]
         rows.append({"producers": step["producers"], baseline: old, mode: new, "less": 1 - new / old,
-                     "learner_fetched": step["learner_fetched_bytes_per_trained_rollout"]})
+                     "learner_fetched": step["learner_fetched_bytes_per_trained_rollout"],
+                     "learner_cached": step["learner_cached_bytes_per_trained_rollout"]})
     print(f"all broker bytes written per trained rollout, {baseline} -> {mode} (goal >= 40% less): " + "; ".join(
         f"{r['producers']} producers {r[baseline] / 1e3:.1f} -> {r[mode] / 1e3:.1f} kB ({100 * r['less']:.0f}% less)"
         for r in rows))
+    if baseline == mode.replace("claim_check", "copy"):
+        print(f"{mode}: the learner fetched, per trained rollout (+ what its group cache saved fetching again): " + "; ".join(
+            f"{r['producers']} producers {r['learner_fetched'] / 1e3:.1f} kB (+{r['learner_cached'] / 1e3:.1f})" for r in rows))
     return rows
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from learner import checkpoint, distributed
 from learner.evaluate import encode_heldout, heldout_accuracy
-from learner.sources import FileSource, TopicSource, resolve_batch
+from learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
 from learner.train import make_optimizer, train_step
 from prl import storage
 from prl.formulas import rollout_age
@@ -61,7 +61,7 @@ class Learner(Service):
         self.resume_and_shard()
         self.log.info("memory", **distributed.memory_report(self.model, self.dist))
         self.prepare_evaluation()
-        self.source, self.exhausted, self.reader = None, False, None  # reader: claim-check batches, made on first use
+        self.source, self.exhausted, self.groups = None, False, None  # groups: claim-check batches' rollouts, made on first use
         if self.is_main:
             self.source = FileSource(cfg.learner.batches_from) if cfg.learner.batches_from else \
                 TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
@@ -135,15 +135,17 @@ class Learner(Service):
         record = self.decode_or_dead_letter(msg, (TrainBatch, TrainBatchRefs))
         if record is None:
             return None
-        if isinstance(record, TrainBatchRefs) and self.reader is None:
-            self.reader = self.transport.reader()
+        if isinstance(record, TrainBatchRefs) and self.groups is None:
+            self.groups = GroupCache(self.transport.reader(), self.cfg.learner.fetch_cache_mb << 20)
         try:
             with self.timed("fetch"):
-                batch, fetched = resolve_batch(record, self.reader, self.topic(ROLLOUTS))
+                batch, fetched, cached = resolve_batch(record, self.groups, self.topic(ROLLOUTS),
+                                               oldest_version=self.version - self.cfg.scheduler.tau_max)
         except DecodeError as exc:
             self.dead_letter(msg, exc)
             return None
         self.count("fetched_bytes", fetched)
+        self.count("fetch_cache_bytes", cached)
         return batch
 
     def batch_problem(self, batch: TrainBatch) -> tuple[str, str] | None:
@@ -273,8 +275,8 @@ class Learner(Service):
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
-        if self.reader is not None:
-            self.reader.close()
+        if self.groups is not None:
+            self.groups.close()
         storage.wait_for_pruning()  # old checkpoints are deleted in the background
         super().close()
         if self.dist is not None:

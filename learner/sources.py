@@ -4,10 +4,12 @@ learner decodes, dead-letters and deduplicates in one place."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import fsspec
 import pyarrow as pa
 
-from schemas import TrainBatch
+from schemas import RolloutGroup, TrainBatch, decode
 from schemas.records import encode_table, to_table
 
 
@@ -59,20 +61,62 @@ def write_batches(uri: str, batches: list[TrainBatch]) -> None:
         f.write(encode_table(to_table(batches, TrainBatch)))
 
 
-def resolve_batch(record, reader, rollouts_topic: str | None = None) -> tuple[TrainBatch, int]:
-    """(the TrainBatch, bytes fetched): a TrainBatch as it is; a claim-check TrainBatchRefs
-    with its rollouts fetched from the rollouts topic by position, each checked to be the
-    rollout the reference names (its group's dispatch id, index and policy version). A
-    reference that cannot be resolved raises DecodeError ``unresolvable_ref``."""
-    from schemas import DecodeError, RolloutGroup, TrainBatchRefs, TrainRollout, decode
+class GroupCache:
+    """The rollout groups that claim-check batches named lately, by message position, so a
+    rollout the scheduler replays (its group fetched for an earlier batch) does not come from
+    the broker again. A position in a topic never changes content, so a hit is the message as
+    fetched: decoded and checked once, when it came. A group leaves once it is older than
+    tau_max at the version being trained (no valid batch may name it again) and, oldest first,
+    whenever the groups held exceed ``max_bytes`` (0: keep nothing)."""
+
+    def __init__(self, reader, max_bytes: int):
+        self.reader, self.max_bytes = reader, max_bytes
+        self.groups: OrderedDict[tuple[str, int, int], tuple[RolloutGroup, int]] = OrderedDict()  # -> (group, bytes)
+        self.size = 0
+
+    def get_many(self, positions, oldest_version: int = 0) -> tuple[dict, int, int]:
+        """({position: RolloutGroup} for the ``positions`` the topic has, bytes fetched from
+        the broker for them, bytes taken from the cache instead); first forgets groups older
+        than ``oldest_version``."""
+        self.drop(lambda g: g.policy_version < oldest_version)
+        held = {p: self.groups[p] for p in positions if p in self.groups}
+        messages = self.reader.get_many([p for p in positions if p not in held]) if len(held) < len(positions) else {}
+        found = {p: group for p, (group, _) in held.items()}
+        for p, m in messages.items():
+            found[p] = decode(m.value, RolloutGroup)
+            self.keep(p, found[p], len(m.value))
+        return found, sum(len(m.value) for m in messages.values()), sum(size for _, size in held.values())
+
+    def keep(self, position, group: RolloutGroup, size: int) -> None:
+        if size > self.max_bytes:
+            return
+        self.groups[position] = (group, size)
+        self.size += size
+        while self.size > self.max_bytes:
+            self.size -= self.groups.popitem(last=False)[1][1]
+
+    def drop(self, old) -> None:
+        for p in [p for p, (g, _) in self.groups.items() if old(g)]:
+            self.size -= self.groups.pop(p)[1]
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def resolve_batch(record, cache: GroupCache, rollouts_topic: str | None = None,
+                  oldest_version: int = 0) -> tuple[TrainBatch, int, int]:
+    """(the TrainBatch, bytes fetched, bytes the cache saved fetching): a TrainBatch as it is; a claim-check TrainBatchRefs
+    with its rollouts taken from the rollouts topic by position (through ``cache``; groups
+    older than ``oldest_version`` cannot be named any more), each checked to be the rollout
+    the reference names (its group's dispatch id, index and policy version). A reference
+    that cannot be resolved raises DecodeError ``unresolvable_ref``."""
+    from schemas import DecodeError, TrainBatchRefs, TrainRollout
 
     if not isinstance(record, TrainBatchRefs):
-        return record, 0
+        return record, 0, 0
     if rollouts_topic is not None and any(r.topic != rollouts_topic for r in record.refs):
         raise DecodeError("unresolvable_ref", f"a reference outside {rollouts_topic}")
-    coords = sorted({(r.topic, r.partition, r.offset) for r in record.refs})
-    messages = reader.get_many(coords)
-    groups = {c: decode(m.value, RolloutGroup) for c, m in messages.items()}
+    groups, fetched, cached = cache.get_many(sorted({(r.topic, r.partition, r.offset) for r in record.refs}), oldest_version)
     rollouts = []
     for ref in record.refs:
         g = groups.get((ref.topic, ref.partition, ref.offset))
@@ -85,4 +129,4 @@ def resolve_batch(record, reader, rollouts_topic: str | None = None) -> tuple[Tr
     batch = TrainBatch(record.batch_id, record.seq, record.learner_version, record.rollouts_generated, rollouts,
                        record.created_at)
     batch.validate()
-    return batch, sum(len(m.value) for m in messages.values())
+    return batch, fetched, cached

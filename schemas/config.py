@@ -162,6 +162,7 @@ class LearnerConfig(Section):
     micro_batch_tokens: int = Field(16_384, ge=1, description="Padded tokens per micro-batch; gradients accumulate over micro-batches.")
     bf16_autocast: bool = Field(False, description="Run forward and backward under bfloat16 autocast.")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in backward (saves memory).")
+    fetch_cache_mb: int = Field(256, ge=0, description="Claim-check batches: keep up to this many MB of the rollout groups fetched for them, so a replayed rollout is not fetched from the broker again (groups older than scheduler.tau_max leave first; 0: fetch every time).")
     batches_from: str | None = Field(None, description="Train from a file of TrainBatch records (path or fsspec URI) instead of the batch topic.")
 
 

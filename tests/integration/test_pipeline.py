@@ -420,4 +420,5 @@ def test_claim_check_batches_train_the_same_rollouts_as_copies(tmp_path, claim_c
     if claim_check:
         refs = [r for m in batches for r in decode(m.value, TrainBatchRefs).refs]
         assert any(r.is_replay for r in refs) and learner.counters["fetched_bytes"] > 0
+        assert learner.counters["fetch_cache_bytes"] > 0  # replayed rollouts' groups were not fetched again
         assert max(len(m.value) for m in batches) < 20_000  # references only
