@@ -380,7 +380,7 @@ def summary_line(mode: str, steps: list[dict], ceiling: dict) -> dict:
     kept_up = [s for s in steps if not behind(s)] or steps
     best = max(kept_up, key=lambda s: s["accepted_groups_per_s"])
     bytes_per_group = best["MB_per_s_in"] * 1e6 / max(1e-9, best["offered_groups_per_s"])
-    against_raw = (f"fewer bytes per group than the raw figure moves: not compared with it"
+    against_raw = ("fewer bytes per group than the raw figure moves: not compared with it"
                    if mode.endswith("+rewards_only") else
                    f"raw kafka-python, same bytes: {ceiling['raw_MB_per_s']:.1f} MB/s ({ceiling['raw_groups_per_s']:.1f} "
                    f"groups/s) -> {best['accepted_groups_per_s'] / ceiling['raw_groups_per_s']:.2f}x raw (goal >= 0.5)")

@@ -8,7 +8,14 @@ import pytest
 
 from learner.sources import GroupCache, resolve_batch
 from prl.transport import Message
-from schemas import DecodeError, Rollout, RolloutGroup, RolloutRef, TrainBatchRefs, encode
+from schemas import (
+    DecodeError,
+    Rollout,
+    RolloutGroup,
+    RolloutRef,
+    TrainBatchRefs,
+    encode,
+)
 
 TOPIC = "run.rollouts"
 
@@ -43,7 +50,7 @@ def refs_batch(seq: int, learner_version: int, named: list[tuple[int, int, int, 
 def test_a_replayed_rollout_is_not_fetched_again():
     reader = CountingReader([group_message(o, version=1) for o in range(3)])
     cache = GroupCache(reader, max_bytes=1 << 20)
-    first, fetched, cached = resolve_batch(refs_batch(0, 1, [(0, 0, 1, False), (0, 1, 1, False), (1, 0, 1, False), (1, 1, 1, False)]), cache)
+    _, fetched, cached = resolve_batch(refs_batch(0, 1, [(0, 0, 1, False), (0, 1, 1, False), (1, 0, 1, False), (1, 1, 1, False)]), cache)
     assert fetched > 0 and cached == 0 and sorted(reader.asked) == [(TOPIC, 0, 0), (TOPIC, 0, 1)]
     again, fetched, cached = resolve_batch(refs_batch(1, 2, [(2, 0, 1, False), (2, 1, 1, False), (0, 0, 1, True)]), cache)
     assert reader.asked[2:] == [(TOPIC, 0, 2)]  # only the new group came from the reader
