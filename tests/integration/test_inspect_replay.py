@@ -3,9 +3,7 @@ server."""
 
 import io
 import json
-import random
 import threading
-from dataclasses import replace
 
 import fsspec
 import pytest
@@ -14,36 +12,13 @@ from learner.service import Learner
 from prl.cli import inspect, replay
 from prl.transport.kafka import KafkaTransport
 from scheduler.archive import RolloutArchive, read_archive
-from schemas import Rollout, RolloutGroup, encode
+from schemas import encode
 from schemas.config import load_config
 from schemas.topics import ROLLOUTS, topic_name
 from prl.servers import S3Server, wait_until
+from tests.support.groups import make_groups
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-
-def make_groups(n: int, seed: int = 0) -> list[RolloutGroup]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        rewards = [float(rng.random() < 0.5) for _ in range(4)]
-        rollouts = [Rollout([rng.randrange(3, 16) for _ in range(3)], [-0.5, -0.7, -0.2], r, "stop", "12") for r in rewards]
-        out.append(RolloutGroup(f"d{i:04d}", f"add{1 + i % 3}:{i % 10}+{i % 7}", i // 10, f"producer-{i % 2}",
-                                [5, 6, 7], 1.0, rollouts, created_at=1000.0 + i))
-    return out
-
-
-def test_offline_batches_leave_out_groups_archived_as_rewards_only():
-    from producers.service import rewards_only
-
-    groups = make_groups(12)
-    stripped = {g.dispatch_id for g in groups[::3]}
-    groups = [replace(g, rollouts=rewards_only(g.rollouts)) if g.dispatch_id in stripped else g for g in groups]
-    batches = replay.to_batches(groups, groups_per_batch=4, max_tokens=1 << 20)
-    trained = {r.rollout_id.rsplit("/", 1)[0] for b in batches for r in b.rollouts}
-    assert trained == {g.dispatch_id for g in groups} - stripped
-    for b in batches:
-        b.validate()
 
 
 def kafka_config(broker, run_name, **extra):
