@@ -105,11 +105,12 @@ class GroupCache:
 
 def resolve_batch(record, cache: GroupCache, rollouts_topic: str | None = None,
                   oldest_version: int = 0) -> tuple[TrainBatch, int, int]:
-    """(the TrainBatch, bytes fetched, bytes the cache saved fetching): a TrainBatch as it is; a claim-check TrainBatchRefs
-    with its rollouts taken from the rollouts topic by position (through ``cache``; groups
-    older than ``oldest_version`` cannot be named any more), each checked to be the rollout
-    the reference names (its group's dispatch id, index and policy version). A reference
-    that cannot be resolved raises DecodeError ``unresolvable_ref``."""
+    """(the TrainBatch, bytes fetched, bytes the cache saved fetching): a TrainBatch as it
+    is; a claim-check TrainBatchRefs with its rollouts taken from the rollouts topic by
+    position (through ``cache``; groups older than ``oldest_version`` cannot be named any
+    more), each checked to be the rollout the reference names (its group's dispatch id, index
+    and policy version). A reference that cannot be resolved raises DecodeError
+    ``unresolvable_ref``."""
     from schemas import DecodeError, TrainBatchRefs, TrainRollout
 
     if not isinstance(record, TrainBatchRefs):
