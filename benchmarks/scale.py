@@ -234,7 +234,8 @@ def scheduler_figures(run_dir: Path) -> dict:
     lines = [json.loads(x) for x in (run_dir / "metrics-scheduler.jsonl").read_text().splitlines()] \
         if (run_dir / "metrics-scheduler.jsonl").exists() else []
     last = lines[-1] if lines else {}
-    return {"accepted": last.get("scheduler/groups_returned", 0),
+    return {"accepted": last.get("scheduler/groups_returned", 0), "dispatched": last.get("scheduler/dispatched", 0),
+            "dispatch_to_ack_ms": last.get("scheduler/dispatch_to_ack_ms", 0),
             "seconds": {k.split("/", 2)[2]: v for k, v in last.items() if k.startswith("scheduler/seconds/")}}
 
 
@@ -342,6 +343,9 @@ def measure(producers, latencies: dict, pids: dict, run_dir: Path, counters, sec
         "phase_seconds_per_s": {k: (v - sched0["seconds"].get(k, 0.0)) / dt for k, v in sched["seconds"].items()},
         "dispatch_latency_p50_ms": percentile_ms(seen, 0.5),
         "dispatch_latency_p99_ms": percentile_ms(seen, 0.99),
+        "dispatch_latency_mean_ms": 1e3 * float(np.mean(seen)) if seen else None,
+        "dispatch_to_ack_mean_ms": (sched["dispatch_to_ack_ms"] - sched0["dispatch_to_ack_ms"])
+        / max(1, sched["dispatched"] - sched0["dispatched"]),  # the scheduler's part: issued -> acknowledged by the broker
         "broker_probe_latency_p50_ms": percentile_ms(probed, 0.5), "broker_probe_latency_p99_ms": percentile_ms(probed, 0.99),
         "queued_until_taken_p50_ms": percentile_ms(queued, 0.5),
         "trained_rollouts_per_s": trained / dt,
@@ -358,7 +362,8 @@ def format_step(s: dict) -> str:
             f"accepted {s['accepted_groups_per_s']:7.1f}/s, backlog +{s['backlog_growth_per_s']:.1f}/s, scheduler CPU "
             f"{s['scheduler_cpu_per_s']:.2f} cores ({s['scheduler_cpu_ms_per_group']:.2f} ms/group; {phases}), dispatch "
             f"latency p50/p99 {s['dispatch_latency_p50_ms'] or 0:.0f}/{s['dispatch_latency_p99_ms'] or 0:.0f} ms (raw probe "
-            f"{s.get('broker_probe_latency_p50_ms') or 0:.0f}/{s.get('broker_probe_latency_p99_ms') or 0:.0f} ms; queued until "
+            f"{s.get('broker_probe_latency_p50_ms') or 0:.0f}/{s.get('broker_probe_latency_p99_ms') or 0:.0f} ms; mean "
+            f"{s['dispatch_latency_mean_ms'] or 0:.0f} ms, of which issued -> acknowledged {s['dispatch_to_ack_mean_ms']:.0f}; queued until "
             f"taken p50 {(s['queued_until_taken_p50_ms'] or 0) / 1e3:.1f} s), "
             f"{s['broker_bytes_written_per_trained_rollout'] / 1e3:.1f} kB written per trained rollout; cores used: "
             + ", ".join(f"{k} {v:.2f}" for k, v in s["cores_used"].items()))

@@ -299,10 +299,11 @@ class Scheduler(Service):
         busy = {f.problem for f in self.in_flight.values()}
         with self.timed("statistics"):
             chosen = self.sampler.next(room, busy)
-        for idx in chosen:
-            self.dispatch(idx, 0)
+        issued = [self.dispatch(idx, 0) for idx in chosen]
         with self.timed("kafka_io"):
             self.publisher.flush()
+        acked = time.time()  # issued -> acknowledged by the broker: this service's share of dispatch latency
+        self.count("dispatch_to_ack_ms", round(1e3 * sum(acked - t for t in issued)))
         if not chosen and not self.in_flight:
             raise NoProblemsLeft(self.why_no_problems())
 
@@ -314,7 +315,8 @@ class Scheduler(Service):
         return (f"no problem can be dispatched: producers could not serve {retired} of {len(self.problems)} training "
                 f"problems and they were retired ({reasons[:400]})")
 
-    def dispatch(self, idx: int, attempt: int) -> None:
+    def dispatch(self, idx: int, attempt: int) -> float:
+        """Send problem ``idx`` out (not yet flushed); return when it was issued."""
         p = self.problems[idx]
         d = Dispatch(
             uuid.uuid4().hex, p.id, p.prompt, p.answer, self.cfg.sampling.group_size, self.sampling,
@@ -323,6 +325,7 @@ class Scheduler(Service):
         self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt)
         self.send(PROBLEMS, d, key=p.id.encode())
         self.count("dispatched")
+        return d.issued_at
 
     # -- state ----------------------------------------------------------------------
     SCALARS = ("learner_version", "learner_last_seq", "next_seq", "rollouts_generated", "generate_seconds",

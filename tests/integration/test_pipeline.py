@@ -46,6 +46,25 @@ def test_scheduler_dead_letters_garbage_and_goes_on(tmp_path):
     assert sum(broker.end_offsets(topic_name(cfg.run.name, PROBLEMS))) >= cfg.scheduler.max_in_flight
 
 
+def test_scheduler_counts_each_dispatch_until_the_broker_acknowledged_it(tmp_path):
+    """scheduler/dispatch_to_ack_ms adds up, per dispatch, the time from its issue to the
+    flush that the broker acknowledged: the scheduler's share of dispatch latency."""
+    import time
+
+    from scheduler.service import Scheduler
+
+    cfg = small_config(tmp_path)
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    scheduler = Scheduler(cfg, transport)
+    acknowledge = scheduler.publisher.flush
+    scheduler.publisher.flush = lambda *a, **k: (time.sleep(0.05), acknowledge(*a, **k))  # a broker 50 ms away
+    scheduler.step()
+    dispatched = scheduler.counters["dispatched"]
+    assert dispatched == cfg.scheduler.max_in_flight
+    assert 50 * dispatched <= scheduler.counters["dispatch_to_ack_ms"] < 1000 * dispatched
+
+
 def test_duplicate_results_are_ignored(tmp_path):
     from producers.service import Producer
     from scheduler.service import Scheduler
