@@ -78,7 +78,7 @@ class GroupCache:
         """({position: RolloutGroup} for the ``positions`` the topic has, bytes fetched from
         the broker for them, bytes taken from the cache instead); first forgets groups older
         than ``oldest_version``."""
-        self.drop(lambda g: g.policy_version < oldest_version)
+        self.drop_older_than(oldest_version)
         held = {p: self.groups[p] for p in positions if p in self.groups}
         messages = self.reader.get_many([p for p in positions if p not in held]) if len(held) < len(positions) else {}
         found = {p: group for p, (group, _) in held.items()}
@@ -95,8 +95,8 @@ class GroupCache:
         while self.size > self.max_bytes:
             self.size -= self.groups.popitem(last=False)[1][1]
 
-    def drop(self, old) -> None:
-        for p in [p for p, (g, _) in self.groups.items() if old(g)]:
+    def drop_older_than(self, version: int) -> None:
+        for p in [p for p, (g, _) in self.groups.items() if g.policy_version < version]:
             self.size -= self.groups.pop(p)[1]
 
     def close(self) -> None:
