@@ -67,8 +67,8 @@ MODES = {  # name: (seeds, rollout budget)
     "default": (5, 12_000),
     "long": (8, 24_000),
 }
-REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized)
-    "strategies": ["uniform", "dapo_filter", "full"], "seeds": 2, "budget": 2_000, "eval_every": 500,
+REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized: 8-10 min per run on 2 cores)
+    "strategies": ["uniform", "dapo_filter", "full"], "seeds": 3, "budget": 1_500, "eval_every": 500,
 }
 
 
