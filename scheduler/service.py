@@ -80,6 +80,7 @@ class Scheduler(Service):
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
+        self.unacked: list[float] = []  # when each dispatch sent since the last flush was issued
         self.coords: dict[str, tuple[str, int, int]] = {}  # dispatch id -> its group's message (claim-check)
         self.retired_reasons: dict[str, str] = {}  # error kind -> its latest message
         self.fresh: list[RolloutGroup] = []
@@ -264,8 +265,18 @@ class Scheduler(Service):
 
     def publish_batch(self, batch: TrainBatch) -> None:
         self.send(BATCHES, self.claim_check(batch) if self.cfg.scheduler.claim_check else batch)
+        self.flush()
+
+    def flush(self) -> None:
+        """Wait for the broker to acknowledge what was sent; count each dispatch's time from
+        issue to acknowledgement (this service's share of dispatch latency), re-dispatches
+        included."""
         with self.timed("kafka_io"):
             self.publisher.flush()
+        acked = time.time()
+        if self.unacked:
+            self.count("dispatch_to_ack_ms", round(1e3 * sum(acked - t for t in self.unacked)))
+            self.unacked.clear()
 
     def claim_check(self, batch: TrainBatch) -> TrainBatchRefs:
         """The batch as references to its rollouts' group messages (the learner fetches them)."""
@@ -294,18 +305,16 @@ class Scheduler(Service):
 
     def top_up(self) -> None:
         room = self.cfg.scheduler.max_in_flight - len(self.in_flight) - len(self.fresh)
-        if room <= 0:
-            return
-        busy = {f.problem for f in self.in_flight.values()}
-        with self.timed("statistics"):
-            chosen = self.sampler.next(room, busy)
-        issued = [self.dispatch(idx, 0) for idx in chosen]
-        with self.timed("kafka_io"):
-            self.publisher.flush()
-        acked = time.time()  # issued -> acknowledged by the broker: this service's share of dispatch latency
-        self.count("dispatch_to_ack_ms", round(1e3 * sum(acked - t for t in issued)))
-        if not chosen and not self.in_flight:
-            raise NoProblemsLeft(self.why_no_problems())
+        if room > 0:
+            busy = {f.problem for f in self.in_flight.values()}
+            with self.timed("statistics"):
+                chosen = self.sampler.next(room, busy)
+            for idx in chosen:
+                self.dispatch(idx, 0)
+            if not chosen and not self.in_flight:
+                raise NoProblemsLeft(self.why_no_problems())
+        if self.unacked:  # this turn's dispatches and re-dispatches
+            self.flush()
 
     def why_no_problems(self) -> str:
         retired = self.counters.get("problems_retired", 0)
@@ -315,8 +324,8 @@ class Scheduler(Service):
         return (f"no problem can be dispatched: producers could not serve {retired} of {len(self.problems)} training "
                 f"problems and they were retired ({reasons[:400]})")
 
-    def dispatch(self, idx: int, attempt: int) -> float:
-        """Send problem ``idx`` out (not yet flushed); return when it was issued."""
+    def dispatch(self, idx: int, attempt: int) -> None:
+        """Send problem ``idx`` out (acknowledged at the next flush)."""
         p = self.problems[idx]
         d = Dispatch(
             uuid.uuid4().hex, p.id, p.prompt, p.answer, self.cfg.sampling.group_size, self.sampling,
@@ -324,8 +333,8 @@ class Scheduler(Service):
         )
         self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt)
         self.send(PROBLEMS, d, key=p.id.encode())
+        self.unacked.append(d.issued_at)
         self.count("dispatched")
-        return d.issued_at
 
     # -- state ----------------------------------------------------------------------
     SCALARS = ("learner_version", "learner_last_seq", "next_seq", "rollouts_generated", "generate_seconds",

@@ -48,7 +48,8 @@ def test_scheduler_dead_letters_garbage_and_goes_on(tmp_path):
 
 def test_scheduler_counts_each_dispatch_until_the_broker_acknowledged_it(tmp_path):
     """scheduler/dispatch_to_ack_ms adds up, per dispatch, the time from its issue to the
-    flush that the broker acknowledged: the scheduler's share of dispatch latency."""
+    flush that the broker acknowledged: the scheduler's share of dispatch latency, for
+    re-dispatches of timed-out problems too."""
     import time
 
     from scheduler.service import Scheduler
@@ -63,6 +64,12 @@ def test_scheduler_counts_each_dispatch_until_the_broker_acknowledged_it(tmp_pat
     dispatched = scheduler.counters["dispatched"]
     assert dispatched == cfg.scheduler.max_in_flight
     assert 50 * dispatched <= scheduler.counters["dispatch_to_ack_ms"] < 1000 * dispatched
+    for flight in scheduler.in_flight.values():  # nobody answered: every dispatch times out
+        flight.issued_at -= cfg.scheduler.dispatch_timeout_s + 1
+    scheduler.step()
+    assert scheduler.counters["redispatched"] == dispatched
+    assert scheduler.counters["dispatched"] == 2 * dispatched
+    assert 50 * 2 * dispatched <= scheduler.counters["dispatch_to_ack_ms"] < 1000 * 2 * dispatched
 
 
 def test_duplicate_results_are_ignored(tmp_path):
