@@ -178,7 +178,14 @@ class KafkaSubscriber(Subscriber):
 
     def close(self):
         if self.group is not None and not self.leave_group:
-            self._consumer._coordinator.reset_generation()  # kafka-python then sends no LeaveGroup
+            # kafka-python has no public switch for this: with its generation reset it sends no
+            # LeaveGroup. A release without that method leaves the group, and says so.
+            reset = getattr(getattr(self._consumer, "_coordinator", None), "reset_generation", None)
+            if reset is not None:
+                reset()
+            else:
+                log.warning("leaves_group_on_close", group=self.group,
+                            reason="this kafka-python has no coordinator.reset_generation; leave_group_on_close=false is not honoured")
         self._consumer.close(autocommit=False)
 
 
