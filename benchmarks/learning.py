@@ -248,7 +248,7 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
 
     results: dict[str, list[dict]] = {}
     with tqdm(total=len(strategies) * seeds, desc="runs", unit="run") as bar:
-        for seed in range(seeds):  # seed-major: a partial run still compares every strategy
+        for seed in range(args.first_seed, args.first_seed + seeds):  # seed-major: a partial run still compares every strategy
             for name in strategies:
                 lr = [f"learner.lr={lrs[name]}"] if name in lrs else []
                 run = one_run(name, seed, budget, args.eval_every, base, [*lr, *args.set])
@@ -265,6 +265,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 25 min on 2 cores); long: 8 seeds, 24k")
     ap.add_argument("--task", help="a reasoning-gym task for the real model (e.g. chain_sum); default: the built-in task")
     ap.add_argument("--seeds", type=int, help="override the mode's seed count")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 (other seeds "
+                    "than the reported ones, to tune a setting on)")
     ap.add_argument("--budget", type=int, help="rollouts generated per run (override the mode's)")
     ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES))
     ap.add_argument("--targets", type=float, nargs="+", default=[0.36, 0.38], help="held-out accuracies to reach (smoothed)")
