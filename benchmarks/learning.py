@@ -21,7 +21,8 @@ rollouts curve, groups with signal, zero-signal rollouts, retest and never-dispa
 completion length of trained vs dropped-as-stale rollouts, and seed paper B's replay figures.
 
 ``--task chain_sum`` runs the comparison on the real model and task (examples/
-smollm2-chain-sum-cpu.toml, a fresh import and dataset), fewer seeds and strategies.
+smollm2-chain-sum-cpu.toml, a fresh import and dataset, trained on its first ``--pool``
+problems), fewer seeds and strategies.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import tempfile
 import numpy as np
 
 from benchmarks.common import quiet_console, write_json
+from benchmarks.real import TRAIN as TRAIN_ROWS
 
 NO_REPLAY = "scheduler.replay.enabled=false"
 STRATEGIES = {
@@ -67,9 +69,13 @@ MODES = {  # name: (seeds, rollout budget)
     "default": (5, 12_000),
     "long": (8, 24_000),
 }
-REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized: 8-10 min per run on 2 cores)
-    "strategies": ["uniform", "dapo_filter", "full"], "seeds": 3, "budget": 1_500, "eval_every": 500,
+REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized: 8-10 min per run on 2 cores); the
+    # training pool is the first `pool` problems of the dataset, so each is visited about
+    # budget / (8 x pool) = 4 times and the priority has results to act on (the test set is the same
+    # whatever the pool)
+    "strategies": ["uniform", "dapo_filter", "full"], "seeds": 3, "budget": 1_500, "eval_every": 500, "pool": 48,
 }
+BUILTIN_POOL = "[20, 100, 100, 100]"  # training problems per difficulty of the built-in task
 
 
 def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str], extra: list[str] = ()) -> dict:
@@ -227,8 +233,11 @@ def curves_png(results: dict, out: str, targets: list[float], title: str) -> Non
     save_png(fig, out, 120)
 
 
-def real_task_base(task: str) -> list[str]:
-    """Overrides that run the example SmolLM2 config on a fresh import and a fresh dataset."""
+def real_task_base(task: str, pool: int) -> list[str]:
+    """Overrides that run the example SmolLM2 config on a fresh import and a fresh dataset, trained
+    on its first ``pool`` problems."""
+    import pyarrow.parquet as pq
+
     from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
     from prl.model_import import import_gguf
     from prl.tasks.reasoning_gym import write_dataset
@@ -237,6 +246,8 @@ def real_task_base(task: str) -> list[str]:
     tmp = tempfile.mkdtemp(prefix="prl-bench-learning-")
     model = import_gguf("smollm2-135m-instruct", f"{tmp}/model", log=lambda *_: None).out_dir
     data = write_dataset(task, TRAIN, TEST, seed=0, out_dir=f"{tmp}/data", settings=TASK_SETTINGS if task == "chain_sum" else {})
+    train = f"{data.out_dir}/train.parquet"
+    pq.write_table(pq.read_table(train).slice(0, pool), train)
     cfg = load_config(CONFIG)
     return [f"model.path={json.dumps(model)}", "task.name='dataset'", f"task.train_path='{data.out_dir}/train.parquet'",
             f"task.heldout_path='{data.out_dir}/test.parquet'", "producer.reward='producers.rewards:reasoning_gym'",
@@ -255,6 +266,7 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
                 run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
                 run["final"] = run["smoothed"][-1]
                 results.setdefault(name, []).append(run)
+                write_json(args, runs=results)  # finished runs survive an interrupted benchmark
                 bar.set_postfix(strategy=name, acc=f"{run['final']:.3f}")
                 bar.update(1)
     return results
@@ -273,8 +285,9 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=512, help="rollouts generated between evaluations")
     ap.add_argument("--smooth", type=int, default=3, help="evaluations in the trailing mean of the accuracy")
     ap.add_argument("--heldout", type=int, default=200, help="held-out problems per difficulty (built-in task)")
-    ap.add_argument("--pool", default="[20, 100, 100, 100]", help="training problems per difficulty (built-in task; "
-                    "small enough to be revisited several times within the budget)")
+    ap.add_argument("--pool", help=f"training pool, small enough to be revisited several times within the budget: "
+                    f"problems per difficulty of the built-in task (default {BUILTIN_POOL}), or with --task the number "
+                    f"of problems (default {REAL['pool']}, at most the dataset's {TRAIN_ROWS})")
     ap.add_argument("--lr", action="append", default=[], metavar="STRATEGY=LR", help="learning rate of one strategy "
                     "(default: LR's tuned rates on the built-in task, the example config's with --task)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run "
@@ -289,12 +302,16 @@ def main(argv=None) -> int:
     seeds, budget = args.seeds or seeds, args.budget or budget
     strategies = args.strategies or (REAL["strategies"] if args.task else list(STRATEGIES))
     if args.task:
-        base = SETTINGS + real_task_base(args.task)
+        pool = args.pool or str(REAL["pool"])
+        if not pool.isdigit() or not 1 <= int(pool) <= TRAIN_ROWS:
+            ap.error(f"--pool {pool}: with --task, a number of training problems from 1 to {TRAIN_ROWS}")
+        base = SETTINGS + real_task_base(args.task, int(pool))
         args.eval_every = args.eval_every if "--eval-every" in (argv or sys.argv) else REAL["eval_every"]
-        where = f"SmolLM2-135M-Instruct on reasoning-gym {args.task}"
+        where = f"SmolLM2-135M-Instruct on reasoning-gym {args.task}, training pool {pool}"
     else:
-        base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={args.pool}"]
-        where = f"built-in task, tiny model, training pool {args.pool}, held-out {args.heldout}/difficulty"
+        pool = args.pool or BUILTIN_POOL
+        base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={pool}"]
+        where = f"built-in task, tiny model, training pool {pool}, held-out {args.heldout}/difficulty"
     lrs = {} if args.task else dict(LR)
     lrs.update({k: float(v) for k, _, v in (x.partition("=") for x in args.lr)})
     results = run_all(args, base, strategies, seeds, budget, lrs)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.learning import area_under_curve, censored_median, crossing, goals, smoothed
+from benchmarks.learning import area_under_curve, censored_median, crossing, goals, main, smoothed
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
@@ -32,3 +32,11 @@ def test_goal_lines_name_each_ratio():
     assert "priority_flat / uniform rollouts 0.60 (goal <= 0.7)" in lines[0]
     assert "full / dapo_filter rollouts - (goal <= 0.6)" in lines[2]
     assert lines[-1] == "final accuracy, full - dapo_filter (medians): +4.0 points (goal >= +3)"
+
+
+@pytest.mark.parametrize("pool", ["abc", "0", "2001", "[20, 100]"])
+def test_a_real_task_pool_that_is_not_a_problem_count_fails_before_any_import(pool, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--task", "chain_sum", "--pool", pool])
+    assert exit_.value.code == 2
+    assert f"--pool {pool}: with --task, a number of training problems from 1 to 2000" in capsys.readouterr().err
