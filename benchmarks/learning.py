@@ -69,7 +69,7 @@ MODES = {  # name: (seeds, rollout budget)
     "default": (5, 12_000),
     "long": (8, 24_000),
 }
-REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized: 8-10 min per run on 2 cores); the
+REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized: 8-12 min per run on 2 cores); the
     # training pool is the first `pool` problems of the dataset, so each is visited about
     # budget / (8 x pool) = 4 times and the priority has results to act on (the test set is the same
     # whatever the pool)
