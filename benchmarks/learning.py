@@ -37,7 +37,7 @@ import tempfile
 import numpy as np
 
 from benchmarks.common import quiet_console, write_json
-from benchmarks.real import TRAIN as TRAIN_ROWS
+from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
 
 NO_REPLAY = "scheduler.replay.enabled=false"
 STRATEGIES = {
@@ -238,7 +238,6 @@ def real_task_base(task: str, pool: int) -> list[str]:
     on its first ``pool`` problems."""
     import pyarrow.parquet as pq
 
-    from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
     from prl.model_import import import_gguf
     from prl.tasks.reasoning_gym import write_dataset
     from schemas.config import load_config
@@ -287,7 +286,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout", type=int, default=200, help="held-out problems per difficulty (built-in task)")
     ap.add_argument("--pool", help=f"training pool, small enough to be revisited several times within the budget: "
                     f"problems per difficulty of the built-in task (default {BUILTIN_POOL}), or with --task the number "
-                    f"of problems (default {REAL['pool']}, at most the dataset's {TRAIN_ROWS})")
+                    f"of problems (default {REAL['pool']}, at most the dataset's {TRAIN})")
     ap.add_argument("--lr", action="append", default=[], metavar="STRATEGY=LR", help="learning rate of one strategy "
                     "(default: LR's tuned rates on the built-in task, the example config's with --task)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run "
@@ -303,8 +302,8 @@ def main(argv=None) -> int:
     strategies = args.strategies or (REAL["strategies"] if args.task else list(STRATEGIES))
     if args.task:
         pool = args.pool or str(REAL["pool"])
-        if not pool.isdigit() or not 1 <= int(pool) <= TRAIN_ROWS:
-            ap.error(f"--pool {pool}: with --task, a number of training problems from 1 to {TRAIN_ROWS}")
+        if not pool.isdigit() or not 1 <= int(pool) <= TRAIN:
+            ap.error(f"--pool {pool}: with --task, a number of training problems from 1 to {TRAIN}")
         base = SETTINGS + real_task_base(args.task, int(pool))
         args.eval_every = args.eval_every if "--eval-every" in (argv or sys.argv) else REAL["eval_every"]
         where = f"SmolLM2-135M-Instruct on reasoning-gym {args.task}, training pool {pool}"
