@@ -21,8 +21,8 @@ rollouts curve, groups with signal, zero-signal rollouts, retest and never-dispa
 completion length of trained vs dropped-as-stale rollouts, and seed paper B's replay figures.
 
 ``--task chain_sum`` runs the comparison on the real model and task (examples/
-smollm2-chain-sum-cpu.toml, a fresh import and dataset, trained on its first ``--pool``
-problems), fewer seeds and strategies.
+smollm2-chain-sum-cpu.toml, a fresh import and dataset, trained on ``--pool`` problems drawn at
+random from its training split, the same draw for every run), fewer seeds and strategies.
 """
 
 from __future__ import annotations
@@ -70,11 +70,12 @@ MODES = {  # name: (seeds, rollout budget)
     "long": (8, 24_000),
 }
 REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized: 8-12 min per run on 2 cores); the
-    # training pool is the first `pool` problems of the dataset, so each is visited about
-    # budget / (8 x pool) = 4 times and the priority has results to act on (the test set is the same
-    # whatever the pool)
-    "strategies": ["uniform", "dapo_filter", "full"], "seeds": 3, "budget": 1_500, "eval_every": 500, "pool": 48,
+    # training pool is `pool` problems drawn at random from the dataset's training split (POOL_SEED,
+    # the same for every run), so each is visited about budget / (8 x pool) = 4 times and the
+    # priority has results to act on (the test set is the same whatever the pool)
+    "strategies": ["uniform", "dapo_filter", "priority_flat", "full"], "seeds": 3, "budget": 1_500, "eval_every": 500, "pool": 48,
 }
+POOL_SEED = 0  # the real task's pool draw: one pool for every strategy and seed
 BUILTIN_POOL = "[20, 100, 100, 100]"  # training problems per difficulty of the built-in task
 
 
@@ -233,9 +234,18 @@ def curves_png(results: dict, out: str, targets: list[float], title: str) -> Non
     save_png(fig, out, 120)
 
 
+def pool_rows(rows: int, pool: int, seed: int = POOL_SEED) -> list[int]:
+    """The training pool: ``pool`` distinct rows of ``rows`` drawn at random, in file order. A draw
+    rather than the first rows, which a generator with a small problem space fills with its easy
+    problems (chain_sum: 22 of the first 48 are one-digit sums, 172 of all 2,000)."""
+    import random
+
+    return sorted(random.Random(seed).sample(range(rows), pool))
+
+
 def real_task_base(task: str, pool: int) -> list[str]:
     """Overrides that run the example SmolLM2 config on a fresh import and a fresh dataset, trained
-    on its first ``pool`` problems."""
+    on ``pool`` of its training problems (`pool_rows`)."""
     import pyarrow.parquet as pq
 
     from prl.model_import import import_gguf
@@ -246,7 +256,8 @@ def real_task_base(task: str, pool: int) -> list[str]:
     model = import_gguf("smollm2-135m-instruct", f"{tmp}/model", log=lambda *_: None).out_dir
     data = write_dataset(task, TRAIN, TEST, seed=0, out_dir=f"{tmp}/data", settings=TASK_SETTINGS if task == "chain_sum" else {})
     train = f"{data.out_dir}/train.parquet"
-    pq.write_table(pq.read_table(train).slice(0, pool), train)
+    table = pq.read_table(train)
+    pq.write_table(table.take(pool_rows(table.num_rows, pool)), train)
     cfg = load_config(CONFIG)
     return [f"model.path={json.dumps(model)}", "task.name='dataset'", f"task.train_path='{data.out_dir}/train.parquet'",
             f"task.heldout_path='{data.out_dir}/test.parquet'", "producer.reward='producers.rewards:reasoning_gym'",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.learning import area_under_curve, censored_median, crossing, goals, main, smoothed
+from benchmarks.learning import area_under_curve, censored_median, crossing, goals, main, pool_rows, smoothed
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
@@ -40,3 +40,12 @@ def test_a_real_task_pool_that_is_not_a_problem_count_fails_before_any_import(po
         main(["--task", "chain_sum", "--pool", pool])
     assert exit_.value.code == 2
     assert f"--pool {pool}: with --task, a number of training problems from 1 to 2000" in capsys.readouterr().err
+
+
+def test_the_real_task_pool_is_one_random_draw_shared_by_every_run():
+    rows = pool_rows(2_000, 48)
+    assert rows == sorted(set(rows)) and len(rows) == 48 and 0 <= rows[0] and rows[-1] < 2_000
+    assert pool_rows(2_000, 48) == rows  # the same pool for every strategy and seed
+    assert rows != list(range(48))  # not the file's first rows (a generator puts its easy problems first)
+    assert max(rows) > 1_000  # spread over the whole split
+    assert pool_rows(5, 5) == [0, 1, 2, 3, 4]
