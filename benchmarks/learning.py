@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
 import sys
 import tempfile
@@ -238,8 +239,6 @@ def pool_rows(rows: int, pool: int, seed: int = POOL_SEED) -> list[int]:
     """The training pool: ``pool`` distinct rows of ``rows`` drawn at random, in file order. A draw
     rather than the first rows, which a generator with a small problem space fills with its easy
     problems (chain_sum: 22 of the first 48 are one-digit sums, 172 of all 2,000)."""
-    import random
-
     return sorted(random.Random(seed).sample(range(rows), pool))
 
 
