@@ -159,6 +159,27 @@ def test_a_group_member_without_partitions_is_warned_about(kafka_broker, run_nam
 
 
 @pytest.mark.kafka
+def test_a_join_that_finishes_between_polls_is_kept(kafka_broker, run_name):
+    """kafka-python 3 threw away a JoinGroup + SyncGroup that finished while no poll() waited
+    for it and joined again, so members polled in short windows could rejoin for good (the
+    test below failed in CI on it). The poll after a join finished must hold the assignment."""
+    cfg = KafkaConfig(bootstrap_servers=kafka_broker.bootstrap, session_timeout_ms=3000, leave_group_on_close=False)
+    transport = KafkaTransport(cfg)
+    transport.ensure_topics(run_name)
+    sub = transport.subscriber([topic_name(run_name, ROLLOUTS)], group=f"{run_name}.g")
+    sub.poll(0.05)  # starts the join; the broker holds the JoinGroup longer than this
+    coordinator = sub._consumer._coordinator
+    assert not sub._consumer.assignment() and coordinator._join_task is not None, "the join ended inside the first poll"
+    deadline = time.monotonic() + 30
+    while not coordinator._join_task.is_done:  # finishes on the client's I/O thread, no poll() waiting
+        assert time.monotonic() < deadline, "timed out waiting for the join to finish"
+        time.sleep(0.05)
+    sub.poll(0.2)
+    assert len(sub._consumer.assignment()) == TOPICS[ROLLOUTS].partitions
+    sub.close()
+
+
+@pytest.mark.kafka
 @pytest.mark.parametrize("second_leaves", ["at once", "while rejoining"])
 def test_members_that_stop_together_do_not_block_the_group(kafka_broker, run_name, second_leaves):
     """Two members stop one after the other, the second at once or while the broker holds
