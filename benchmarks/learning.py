@@ -281,6 +281,10 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
     return results
 
 
+def curves_path(task: str | None) -> str:
+    return f"docs/bench-learning-{task}-curves.png" if task else "docs/bench-learning-curves.png"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learning", description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 25 min on 2 cores); long: 8 seeds, 24k")
@@ -301,11 +305,13 @@ def main(argv=None) -> int:
                     "(default: LR's tuned rates on the built-in task, the example config's with --task)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run "
                     "(after the strategy's learning rate)")
-    ap.add_argument("--png", default="docs/bench-learning-curves.png")
+    ap.add_argument("--png", help="where the curves go (default docs/bench-learning-curves.png, with --task "
+                    "docs/bench-learning-TASK-curves.png, so a real-task run never overwrites the built-in task's figure)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
 
 
+    args.png = args.png or curves_path(args.task)
     quiet_console()
     seeds, budget = (REAL["seeds"], REAL["budget"]) if args.task else MODES[args.mode]
     seeds, budget = args.seeds or seeds, args.budget or budget

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.learning import area_under_curve, censored_median, crossing, goals, main, pool_rows, smoothed
+from benchmarks.learning import area_under_curve, censored_median, crossing, curves_path, goals, main, pool_rows, smoothed
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
@@ -49,3 +49,8 @@ def test_the_real_task_pool_is_one_random_draw_shared_by_every_run():
     assert rows != list(range(48))  # not the file's first rows (a generator puts its easy problems first)
     assert max(rows) > 1_000  # spread over the whole split
     assert pool_rows(5, 5) == [0, 1, 2, 3, 4]
+
+
+def test_a_real_task_run_draws_its_curves_beside_the_built_in_figure_not_over_it():
+    assert curves_path(None) == "docs/bench-learning-curves.png"
+    assert curves_path("chain_sum") == "docs/bench-learning-chain_sum-curves.png"
