@@ -316,7 +316,8 @@ class PrioritySampler:
         }
 
     def metrics(self) -> dict:
-        return {**self.pool_sizes(), "retest_share": self.retests_dispatched / max(1, self.dispatched),
+        return {**self.pool_sizes(), "problems_seen": int((self._attempts_np > 0).sum()),
+                "retest_share": self.retests_dispatched / max(1, self.dispatched),
                 "never_dispatched_share": sum(self.unseen_left(g) for g in range(self.num_groups)) / max(1, self.n)}
 
     def success_rates(self) -> np.ndarray:

@@ -204,3 +204,12 @@ def test_decay_on_read_brings_a_problem_without_results_back_to_its_prior():
     mid = s.priority(picks[0])
     s.on_version(50)
     assert low < mid < s.priority(picks[0]) <= 0.25 and s.priority(picks[0]) == pytest.approx(0.25, abs=0.01)
+
+
+def test_problems_seen_counts_problems_with_a_returned_result():
+    s = sampler()
+    picked = s.next(5)
+    assert s.metrics()["problems_seen"] == 0  # dispatched, nothing returned yet
+    for i in picked[:3]:
+        s.observe(i, [1.0, 0.0], 0)
+    assert s.metrics()["problems_seen"] == 3
