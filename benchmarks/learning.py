@@ -309,8 +309,6 @@ def main(argv=None) -> int:
                     "docs/bench-learning-TASK-curves.png, so a real-task run never overwrites the built-in task's figure)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
-
-
     args.png = args.png or curves_path(args.task)
     quiet_console()
     seeds, budget = (REAL["seeds"], REAL["budget"]) if args.task else MODES[args.mode]
