@@ -23,6 +23,9 @@ completion length of trained vs dropped-as-stale rollouts, and seed paper B's re
 ``--task chain_sum`` runs the comparison on the real model and task (examples/
 smollm2-chain-sum-cpu.toml, a fresh import and dataset, trained on ``--pool`` problems drawn at
 random from its training split, the same draw for every run), fewer seeds and strategies.
+
+``--from-json A.json B.json ...`` trains nothing: it pools the runs of earlier invocations of
+the same settings (other seeds, other strategies) into one table, goal lines and figure.
 """
 
 from __future__ import annotations
@@ -271,7 +274,7 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
         for seed in range(args.first_seed, args.first_seed + seeds):  # seed-major: a partial run still compares every strategy
             for name in strategies:
                 lr = [f"learner.lr={lrs[name]}"] if name in lrs else []
-                run = one_run(name, seed, budget, args.eval_every, base, [*lr, *args.set])
+                run = {"seed": seed, **one_run(name, seed, budget, args.eval_every, base, [*lr, *args.set])}
                 run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
                 run["final"] = run["smoothed"][-1]
                 results.setdefault(name, []).append(run)
@@ -279,6 +282,67 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
                 bar.set_postfix(strategy=name, acc=f"{run['final']:.3f}")
                 bar.update(1)
     return results
+
+
+def setting(task: str | None, pool, heldout) -> str:
+    if task:
+        return f"SmolLM2-135M-Instruct on reasoning-gym {task}, training pool {pool or REAL['pool']}"
+    return f"built-in task, tiny model, training pool {pool or BUILTIN_POOL}, held-out {heldout}/difficulty"
+
+
+def report(args, results: dict[str, list[dict]], budget: int, where: str, details: str, lr_text: str) -> None:
+    """The table, the goal lines, the replay figures, the curves and the JSON of finished runs."""
+    t = table(results, args.targets, budget)
+    start = statistics.median(r["start"] for runs in results.values() for r in runs)
+    print_table(t, args.targets, budget, f"\n{where}: {details} (start {start:.3f}; trailing mean of {args.smooth}); {lr_text}")
+    for line in goals(t, args.targets):
+        print(line)
+    print("replay (paper B): " + "; ".join(
+        f"{n} share {r['replay_share']:.2f} clip fresh/replay {r['clip_fresh']:.3f}/"
+        f"{'-' if r['clip_replay'] is None else format(r['clip_replay'], '.3f')}"
+        for n, r in t.items() if r["replay_share"] > 0))
+    curves_png(results, args.png, args.targets, f"prl bench learning: {where}")
+    print(f"curves: {args.png}")
+    write_json(args, table=t, runs=results)
+
+
+POOLED_SETTINGS = ("mode", "task", "budget", "eval_every", "heldout", "pool", "lr", "set")  # must agree to pool runs
+
+
+def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], dict]:
+    """The runs stored by earlier ``--json`` invocations as one set (strategies in the
+    benchmark's order, each seed of a strategy once), smoothed with ``smooth``; and the first
+    file's arguments. Raises ValueError, naming the file, for a file that is not this
+    benchmark's, a setting that differs between files, or a seed stored twice."""
+    results: dict[str, list[dict]] = {}
+    seen: set[tuple[str, int]] = set()
+    first: dict | None = None
+    for path in paths:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            stored, runs = data["args"], data["runs"]
+            first = first or stored
+            for key in POOLED_SETTINGS:
+                if stored.get(key) != first.get(key):
+                    raise ValueError(f"{key} is {stored.get(key)!r} there and {first.get(key)!r} in {paths[0]}: "
+                                     "only runs of the same settings pool")
+            for name, stored_runs in runs.items():
+                if name not in STRATEGIES:
+                    raise ValueError(f"unknown strategy {name!r}")
+                for i, run in enumerate(stored_runs):
+                    seed = run.get("seed", stored["first_seed"] + i)  # runs are stored seed-major from first_seed
+                    if (name, seed) in seen:
+                        raise ValueError(f"{name} seed {seed} is also in an earlier file")
+                    seen.add((name, seed))
+                    values = [a for _, a in run["curve"]]
+                    results.setdefault(name, []).append({**run, "seed": seed, "smoothed": smoothed(values, smooth),
+                                                         "final": smoothed(values, smooth)[-1]})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            reason = (exc if isinstance(exc, ValueError) else f"cannot read it ({exc.strerror or exc})" if isinstance(exc, OSError)
+                      else f"not a `prl bench learning --json` file ({type(exc).__name__}: {exc})")
+            raise ValueError(f"--from-json {path}: {reason}") from None
+    return {name: results[name] for name in STRATEGIES if name in results}, first or {}
 
 
 def curves_path(task: str | None) -> str:
@@ -308,7 +372,22 @@ def main(argv=None) -> int:
     ap.add_argument("--png", help="where the curves go (default docs/bench-learning-curves.png, with --task "
                     "docs/bench-learning-TASK-curves.png, so a real-task run never overwrites the built-in task's figure)")
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--from-json", nargs="+", metavar="PATH", help="train nothing: pool the runs of earlier --json "
+                    "files of the same settings (other seeds or strategies) into one table, goal lines and figure")
     args = ap.parse_args(argv)
+    if args.from_json:
+        try:
+            results, stored = pooled_runs(args.from_json, args.smooth)
+        except ValueError as exc:
+            ap.error(str(exc))
+        task, pool = stored.get("task"), stored.get("pool")
+        budget = stored.get("budget") or (REAL["budget"] if task else MODES[stored.get("mode", "default")][1])
+        args.png = args.png or curves_path(task)
+        seeds = ", ".join(f"{name} {len(runs)}" for name, runs in results.items())
+        report(args, results, budget, setting(task, pool, stored.get("heldout")), f"pooled from {len(args.from_json)} "
+               f"files, seeds per strategy: {seeds}; budget {budget:,} rollouts, evaluated every "
+               f"{stored.get('eval_every')} rollouts", f"lr {stored.get('lr') or 'as the runs were made'}")
+        return 0
     args.png = args.png or curves_path(args.task)
     quiet_console()
     seeds, budget = (REAL["seeds"], REAL["budget"]) if args.task else MODES[args.mode]
@@ -320,28 +399,14 @@ def main(argv=None) -> int:
             ap.error(f"--pool {pool}: with --task, a number of training problems from 1 to {TRAIN}")
         base = SETTINGS + real_task_base(args.task, int(pool))
         args.eval_every = args.eval_every if "--eval-every" in (argv or sys.argv) else REAL["eval_every"]
-        where = f"SmolLM2-135M-Instruct on reasoning-gym {args.task}, training pool {pool}"
     else:
         pool = args.pool or BUILTIN_POOL
         base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={pool}"]
-        where = f"built-in task, tiny model, training pool {pool}, held-out {args.heldout}/difficulty"
     lrs = {} if args.task else dict(LR)
     lrs.update({k: float(v) for k, _, v in (x.partition("=") for x in args.lr)})
     results = run_all(args, base, strategies, seeds, budget, lrs)
-    t = table(results, args.targets, budget)
-    start = statistics.median(r["start"] for runs in results.values() for r in runs)
-    print_table(t, args.targets, budget, f"\n{where}: {seeds} seeds x {len(results)} strategies, budget {budget:,} rollouts, "
-                f"evaluated every {args.eval_every} rollouts (start {start:.3f}; trailing mean of {args.smooth}); "
-                f"lr {lrs or 'from the config'}")
-    for line in goals(t, args.targets):
-        print(line)
-    print("replay (paper B): " + "; ".join(
-        f"{n} share {r['replay_share']:.2f} clip fresh/replay {r['clip_fresh']:.3f}/"
-        f"{'-' if r['clip_replay'] is None else format(r['clip_replay'], '.3f')}"
-        for n, r in t.items() if r["replay_share"] > 0))
-    curves_png(results, args.png, args.targets, f"prl bench learning: {where}")
-    print(f"curves: {args.png}")
-    write_json(args, table=t, runs=results)
+    report(args, results, budget, setting(args.task, pool, args.heldout), f"{seeds} seeds x {len(results)} strategies, "
+           f"budget {budget:,} rollouts, evaluated every {args.eval_every} rollouts", f"lr {lrs or 'from the config'}")
     return 0
 
 

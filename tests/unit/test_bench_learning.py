@@ -1,5 +1,7 @@
 """The arithmetic behind `prl bench learning`'s figures (the runs themselves are the benchmark)."""
 
+import json
+
 import pytest
 
 from benchmarks.learning import area_under_curve, censored_median, crossing, curves_path, goals, main, pool_rows, smoothed
@@ -54,3 +56,43 @@ def test_the_real_task_pool_is_one_random_draw_shared_by_every_run():
 def test_a_real_task_run_draws_its_curves_beside_the_built_in_figure_not_over_it():
     assert curves_path(None) == "docs/bench-learning-curves.png"
     assert curves_path("chain_sum") == "docs/bench-learning-chain_sum-curves.png"
+
+
+def stored(path, first_seed, curves: dict[str, list[list[float]]], **args):
+    """A file as `prl bench learning --json` writes it, for runs with these accuracy curves."""
+    def run(accs):
+        return {"curve": [[512 * i, a] for i, a in enumerate(accs)], "start": accs[0], "signal_share": 0.5,
+                "zero_signal_rollouts": 0, "retest_share": 0.0, "never_dispatched_share": 0.0, "steps": 10,
+                "seconds": 1.0, "completion_tokens_trained": 5.0, "completion_tokens_stale": 0.0, "replay_share": 0.0,
+                "clip_fresh": 0.0, "clip_replay": None}
+    settings = {"mode": "default", "task": "chain_sum", "budget": None, "eval_every": 500, "heldout": 200, "pool": None,
+                "lr": [], "set": [], "first_seed": first_seed, **args}
+    path.write_text(json.dumps({"args": settings, "runs": {k: [run(c) for c in v] for k, v in curves.items()}}))
+    return str(path)
+
+
+def test_stored_runs_of_other_seeds_pool_into_one_table(tmp_path, capsys):
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2, 0.3, 0.3]], "priority_flat": [[0.1, 0.4, 0.4, 0.4]]})
+    b = stored(tmp_path / "b.json", 1, {"uniform": [[0.1, 0.2, 0.4, 0.4], [0.1, 0.3, 0.3, 0.4]],
+                                        "priority_flat": [[0.1, 0.2, 0.4, 0.4], [0.1, 0.4, 0.4, 0.4]]})
+    out = tmp_path / "pooled.json"
+    assert main(["--from-json", a, b, "--smooth", "1", "--targets", "0.36", "--png", str(tmp_path / "c.png"), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "seeds per strategy: uniform 3, priority_flat 3" in printed
+    assert "priority_flat / uniform rollouts 0.33 (goal <= 0.7)" in printed  # medians of 3: 512 against 1,536
+    pooled = json.loads(out.read_text())
+    assert [r["seed"] for r in pooled["runs"]["uniform"]] == [0, 1, 2]
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("other, reason", [
+    ({"first_seed": 0}, "uniform seed 0 is also in an earlier file"),
+    ({"first_seed": 1, "pool": "96"}, "pool is '96' there and None in"),
+])
+def test_stored_runs_that_do_not_belong_together_fail_with_one_line(tmp_path, capsys, other, reason):
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]})
+    b = stored(tmp_path / "b.json", curves={"uniform": [[0.1, 0.3]]}, **other)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--from-json", a, b])
+    assert exit_.value.code == 2
+    assert f"--from-json {b}: {reason}" in capsys.readouterr().err
