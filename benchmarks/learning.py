@@ -209,7 +209,7 @@ def print_table(t: dict, targets: list[float], budget: int, header: str) -> None
               f"{r['steps']:>7.0f}")
 
 
-def curves_png(results: dict, out: str, targets: list[float], title: str) -> None:
+def curves_png(results: dict, out: str, targets: list[float], title: str, smooth: int) -> None:
     """Every seed's smoothed curve (thin) and the median over seeds (thick), per strategy."""
     import matplotlib
 
@@ -231,7 +231,7 @@ def curves_png(results: dict, out: str, targets: list[float], title: str) -> Non
     for t in targets:
         ax.axhline(t, color="grey", ls=":", lw=1)
     ax.set_xlabel("rollouts generated")
-    ax.set_ylabel("held-out accuracy (trailing mean)")
+    ax.set_ylabel("held-out accuracy" + (f" (trailing mean of {smooth})" if smooth > 1 else ""))
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=2, loc="lower right")
     ax.grid(alpha=0.3)
@@ -301,7 +301,7 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
         f"{n} share {r['replay_share']:.2f} clip fresh/replay {r['clip_fresh']:.3f}/"
         f"{'-' if r['clip_replay'] is None else format(r['clip_replay'], '.3f')}"
         for n, r in t.items() if r["replay_share"] > 0))
-    curves_png(results, args.png, args.targets, f"prl bench learning: {where}")
+    curves_png(results, args.png, args.targets, f"prl bench learning: {where}", args.smooth)
     print(f"curves: {args.png}")
     write_json(args, table=t, runs=results)
 
