@@ -335,9 +335,8 @@ def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], d
                     if (name, seed) in seen:
                         raise ValueError(f"{name} seed {seed} is also in an earlier file")
                     seen.add((name, seed))
-                    values = [a for _, a in run["curve"]]
-                    results.setdefault(name, []).append({**run, "seed": seed, "smoothed": smoothed(values, smooth),
-                                                         "final": smoothed(values, smooth)[-1]})
+                    curve = smoothed([a for _, a in run["curve"]], smooth)
+                    results.setdefault(name, []).append({**run, "seed": seed, "smoothed": curve, "final": curve[-1]})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             reason = (exc if isinstance(exc, ValueError) else f"cannot read it ({exc.strerror or exc})" if isinstance(exc, OSError)
                       else f"not a `prl bench learning --json` file ({type(exc).__name__}: {exc})")
