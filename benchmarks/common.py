@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
+from pathlib import Path
+
+
+@functools.cache
+def code_version() -> dict:
+    """The commit the benchmark ran from and whether the work tree differed from it (None for
+    both outside a git checkout), so stored figures name the code that made them."""
+    def git(*cmd: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *cmd], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
 def write_json(args, **figures) -> None:
-    """Write the run's arguments and figures to ``args.json`` when it was given."""
+    """Write the run's arguments, the code's commit and the figures to ``args.json`` when it
+    was given."""
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), **figures}, f, indent=2, default=str)
+            json.dump({"args": vars(args), "code": code_version(), **figures}, f, indent=2, default=str)
 
 
 def quiet_console() -> None:

@@ -311,9 +311,10 @@ POOLED_SETTINGS = ("mode", "task", "budget", "eval_every", "heldout", "pool", "l
 
 def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], dict]:
     """The runs stored by earlier ``--json`` invocations as one set (strategies in the
-    benchmark's order, each seed of a strategy once), smoothed with ``smooth``; and the first
-    file's arguments. Raises ValueError, naming the file, for a file that is not this
-    benchmark's, a setting that differs between files, or a seed stored twice."""
+    benchmark's order, each seed of a strategy once, each run with its file's commit),
+    smoothed with ``smooth``; and the first file's arguments. Raises ValueError, naming the
+    file, for a file that is not this benchmark's, a setting that differs between files, or a
+    seed stored twice."""
     results: dict[str, list[dict]] = {}
     seen: set[tuple[str, int]] = set()
     first: dict | None = None
@@ -322,6 +323,7 @@ def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], d
             with open(path) as f:
                 data = json.load(f)
             stored, runs = data["args"], data["runs"]
+            commit = commit_label(data.get("code"))
             first = first or stored
             for key in POOLED_SETTINGS:
                 if stored.get(key) != first.get(key):
@@ -336,12 +338,36 @@ def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], d
                         raise ValueError(f"{name} seed {seed} is also in an earlier file")
                     seen.add((name, seed))
                     curve = smoothed([a for _, a in run["curve"]], smooth)
-                    results.setdefault(name, []).append({**run, "seed": seed, "smoothed": curve, "final": curve[-1]})
+                    results.setdefault(name, []).append({**run, "seed": seed, "commit": commit, "smoothed": curve,
+                                                            "final": curve[-1]})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             reason = (exc if isinstance(exc, ValueError) else f"cannot read it ({exc.strerror or exc})" if isinstance(exc, OSError)
                       else f"not a `prl bench learning --json` file ({type(exc).__name__}: {exc})")
             raise ValueError(f"--from-json {path}: {reason}") from None
     return {name: results[name] for name in STRATEGIES if name in results}, first or {}
+
+
+def commit_label(code: dict | None) -> str:
+    """A stored file's code as a short commit ("+" when the work tree differed from it),
+    "unrecorded" for files written before benchmarks recorded it."""
+    if not code or not code.get("commit"):
+        return "unrecorded"
+    return code["commit"][:7] + ("+" if code.get("dirty") else "")
+
+
+def commits_line(results: dict[str, list[dict]]) -> str:
+    """Which code made the pooled runs: runs of different commits may differ in more than
+    their seeds, and the reader should know."""
+    counts: dict[str, int] = {}
+    for runs in results.values():
+        for run in runs:
+            counts[run["commit"]] = counts.get(run["commit"], 0) + 1
+    text = ", ".join(f"{c} ({n} runs)" for c, n in counts.items())
+    return f"code: {text}" + ("; runs of different commits pooled" if len(counts) > 1 else "")
+
+
+TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "strategies", "eval_every", "heldout", "pool", "lr",
+                  "set")  # what --from-json cannot apply: the stored runs were trained with their own
 
 
 def curves_path(task: str | None) -> str:
@@ -375,6 +401,10 @@ def main(argv=None) -> int:
                     "files of the same settings (other seeds or strategies) into one table, goal lines and figure")
     args = ap.parse_args(argv)
     if args.from_json:
+        given = [f"--{k.replace('_', '-')}" for k in TRAINING_FLAGS if getattr(args, k) != ap.get_default(k)]
+        if given:
+            ap.error(f"--from-json trains nothing, so {' '.join(given)} cannot apply: the stored runs keep the "
+                     "settings they were trained with (only --smooth, --targets, --png and --json do)")
         try:
             results, stored = pooled_runs(args.from_json, args.smooth)
         except ValueError as exc:
@@ -386,6 +416,7 @@ def main(argv=None) -> int:
         report(args, results, budget, setting(task, pool, stored.get("heldout")), f"pooled from {len(args.from_json)} "
                f"files, seeds per strategy: {seeds}; budget {budget:,} rollouts, evaluated every "
                f"{stored.get('eval_every')} rollouts", f"lr {stored.get('lr') or 'as the runs were made'}")
+        print(commits_line(results))
         return 0
     args.png = args.png or curves_path(args.task)
     quiet_console()

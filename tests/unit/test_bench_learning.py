@@ -1,6 +1,8 @@
 """The arithmetic behind `prl bench learning`'s figures (the runs themselves are the benchmark)."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -58,8 +60,9 @@ def test_a_real_task_run_draws_its_curves_beside_the_built_in_figure_not_over_it
     assert curves_path("chain_sum") == "docs/bench-learning-chain_sum-curves.png"
 
 
-def stored(path, first_seed, curves: dict[str, list[list[float]]], **args):
-    """A file as `prl bench learning --json` writes it, for runs with these accuracy curves."""
+def stored(path, first_seed, curves: dict[str, list[list[float]]], code=None, **args):
+    """A file as `prl bench learning --json` writes it, for runs with these accuracy curves
+    (``code``: the commit it records; files from before benchmarks recorded one have none)."""
     def run(accs):
         return {"curve": [[512 * i, a] for i, a in enumerate(accs)], "start": accs[0], "signal_share": 0.5,
                 "zero_signal_rollouts": 0, "retest_share": 0.0, "never_dispatched_share": 0.0, "steps": 10,
@@ -67,7 +70,8 @@ def stored(path, first_seed, curves: dict[str, list[list[float]]], **args):
                 "clip_fresh": 0.0, "clip_replay": None}
     settings = {"mode": "default", "task": "chain_sum", "budget": None, "eval_every": 500, "heldout": 200, "pool": None,
                 "lr": [], "set": [], "first_seed": first_seed, **args}
-    path.write_text(json.dumps({"args": settings, "runs": {k: [run(c) for c in v] for k, v in curves.items()}}))
+    runs = {k: [run(c) for c in v] for k, v in curves.items()}
+    path.write_text(json.dumps({"args": settings, "runs": runs, **({"code": code} if code else {})}))
     return str(path)
 
 
@@ -96,3 +100,36 @@ def test_stored_runs_that_do_not_belong_together_fail_with_one_line(tmp_path, ca
         main(["--from-json", a, b])
     assert exit_.value.code == 2
     assert f"--from-json {b}: {reason}" in capsys.readouterr().err
+
+
+def test_pooled_runs_name_the_commits_that_made_them(tmp_path, capsys):
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]}, code={"commit": "a" * 40, "dirty": False})
+    b = stored(tmp_path / "b.json", 1, {"uniform": [[0.1, 0.3]]}, code={"commit": "b" * 40, "dirty": True})
+    c = stored(tmp_path / "c.json", 2, {"uniform": [[0.1, 0.3]]})
+    assert main(["--from-json", a, b, c, "--png", str(tmp_path / "c.png")]) == 0
+    assert ("code: aaaaaaa (1 runs), bbbbbbb+ (1 runs), unrecorded (1 runs); runs of different commits pooled"
+            in capsys.readouterr().out)
+
+
+def test_a_training_flag_beside_from_json_fails_with_one_line(tmp_path, capsys):
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]})
+    with pytest.raises(SystemExit) as exit_:
+        main(["--from-json", a, "--seeds", "3", "--set", "learner.lr=1e-4"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--from-json trains nothing, so --seeds --set cannot apply" in err
+    assert "Traceback" not in err
+
+
+def test_benchmark_json_records_the_commit_it_ran_from(tmp_path):
+    from argparse import Namespace
+
+    from benchmarks.common import write_json
+
+    out = tmp_path / "b.json"
+    write_json(Namespace(json=str(out)), figure=1.0)
+    code = json.loads(out.read_text())["code"]
+    assert set(code) == {"commit", "dirty"}
+    checkout = (Path(__file__).parents[2] / ".git").exists() and shutil.which("git")
+    if checkout:  # a clone, as in CI: the commit is named; an installed copy has none
+        assert len(code["commit"]) == 40 and isinstance(code["dirty"], bool)
