@@ -210,9 +210,7 @@ class Summary:
 def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool, as_json: bool, summary: bool,
          limit: int | None, out=sys.stdout) -> int:
     """Print the topic's messages (decoded and filtered); return how many were shown."""
-    if "." not in topic and topic not in TOPICS:
-        raise UsageError(f"unknown topic kind {topic!r}: one of {', '.join(TOPICS)}, or a full topic name")
-    name = topic if "." in topic else topic_name(cfg.run.name, topic)
+    name = tail_topic(cfg.run.name, topic)
     consumer = _consumer(cfg.transport.kafka)
     shown = 0
     stats = Summary()
@@ -239,6 +237,13 @@ def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool
         if summary:
             print(stats.render(), file=out)
         consumer.close()
+
+
+def tail_topic(run: str, topic: str) -> str:
+    """The full name of ``topic``: a kind (rollouts, problems, ...) of this run, or a full name."""
+    if "." not in topic and topic not in TOPICS:
+        raise UsageError(f"unknown topic kind {topic!r}: one of {', '.join(TOPICS)}, or a full topic name")
+    return topic if "." in topic else topic_name(run, topic)
 
 
 def cfg_bootstrap(consumer) -> str:
@@ -309,6 +314,11 @@ def command(args, cfg) -> int:
 
     if cfg.transport.type != "kafka":
         raise UsageError('prl inspect reads Kafka topics: set transport.type = "kafka" (and the bootstrap servers)')
+    from prl.transport.kafka import check_reachable
+
+    if args.action == "tail":
+        tail_topic(cfg.run.name, args.topic)  # a wrong argument is named before any connection
+    check_reachable(cfg.transport.kafka)  # one line within seconds, not kafka-python's half minute of retries
     if args.action == "topics":
         print(format_topics(topic_report(cfg)))
         return 0

@@ -8,13 +8,15 @@ from prl.cli import main
 from prl.servers import free_port
 
 
-def test_an_unreachable_broker_fails_within_ten_seconds_naming_the_address(tmp_path, capsys):
+@pytest.mark.parametrize("command", [["producer"], ["inspect", "topics"], ["inspect", "tail", "rollouts"]],
+                         ids=" ".join)
+def test_an_unreachable_broker_fails_within_ten_seconds_naming_the_address(tmp_path, capsys, command):
     port = free_port()  # nothing listens there
     config = tmp_path / "kafka.toml"
     config.write_text(f'[run]\nrun_dir = "{tmp_path}/run"\n[transport]\ntype = "kafka"\n'
                       f'[transport.kafka]\nbootstrap_servers = "127.0.0.1:{port}"\n')
     t0 = time.monotonic()
-    assert main(["producer", "--config", str(config)]) == 2
+    assert main([*command, "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip()
     assert time.monotonic() - t0 < 15 and len(err.splitlines()) == 1
     assert f"cannot reach a Kafka broker at 127.0.0.1:{port}" in err and "bootstrap_servers" in err
