@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import fsspec
@@ -16,17 +17,49 @@ BUILTIN = {"builtin:tiny-adder": Path(__file__).parent / "assets" / "tiny-adder"
 CACHE_DIR = Path(os.environ.get("PRL_CACHE", Path.home() / ".cache" / "prl"))
 
 
+class ModelNotFound(FileNotFoundError):
+    """``model.path`` names no model directory (one line to the person who set it)."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"model.path {path!r}: {why}; give a Hugging Face model directory (path or fsspec URI, e.g. "
+                         "from `prl model import`) or builtin:tiny-adder")
+
+
 def resolve_model_dir(path: str) -> Path:
-    """A local directory for ``path``: a builtin name, a local path, or a remote URI copied to a cache."""
+    """A local directory for ``path``: a builtin name, a local path, or a remote URI copied to a
+    cache. Raises ModelNotFound when there is no model directory (no config.json) there."""
     if path in BUILTIN:
         return BUILTIN[path]
     fs, root = fsspec.core.url_to_fs(path)
     if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        return Path(root)
-    local = CACHE_DIR / "models" / hashlib.sha256(path.encode()).hexdigest()[:16]
-    if not (local / "config.json").exists():
-        fs.get(root.rstrip("/") + "/", str(local), recursive=True)
+        local = Path(root)
+    else:
+        local = CACHE_DIR / "models" / hashlib.sha256(path.encode()).hexdigest()[:16]
+        if not (local / "config.json").exists():
+            copy_model_dir(fs, root, local, path)
+    if not (local / "config.json").is_file():
+        raise ModelNotFound(path, "no such directory" if not local.exists() else "no config.json in it")
     return local
+
+
+def copy_model_dir(fs, root: str, local: Path, path: str) -> None:
+    """Copy the remote model directory ``root`` to ``local``; a missing one raises
+    ModelNotFound, an unreadable one (credentials, endpoint) StorageError, each one line."""
+    from prl.storage import StorageError
+
+    try:
+        if not fs.exists(root.rstrip("/") + "/config.json"):
+            raise ModelNotFound(path, "no config.json there")
+        partial = local.with_name(f"{local.name}.partial-{os.getpid()}")  # a copy cut short is never taken as whole
+        fs.get(root.rstrip("/") + "/", str(partial), recursive=True)
+        if local.exists():  # an earlier copy that never finished
+            shutil.rmtree(local)
+        partial.replace(local)
+    except ModelNotFound:
+        raise
+    except Exception as exc:  # credentials, a missing bucket, an unreachable endpoint...
+        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0][:200] or type(exc).__name__
+        raise StorageError(f"cannot read model.path {path}: {reason}; check the storage endpoint and credentials") from None
 
 
 def load_model(path: str, dtype: str = "float32"):

@@ -1,0 +1,54 @@
+"""model.path: a directory that is not a model is one clear line, and a remote model is copied
+to the cache whole or not at all."""
+
+import fsspec
+import pytest
+
+from prl import models
+from prl.cli import main
+from prl.models import ModelNotFound, resolve_model_dir
+from prl.storage import StorageError
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(models, "CACHE_DIR", tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+def test_a_missing_directory_or_one_without_config_json_is_named(tmp_path):
+    with pytest.raises(ModelNotFound, match="no such directory"):
+        resolve_model_dir(str(tmp_path / "nope"))
+    with pytest.raises(ModelNotFound, match="no config.json in it"):
+        resolve_model_dir(str(tmp_path))
+
+
+def test_a_remote_model_is_copied_to_the_cache_once(cache):
+    fs = fsspec.filesystem("memory")
+    fs.pipe({"/m1/config.json": b"{}", "/m1/model.safetensors": b"weights"})
+    local = resolve_model_dir("memory://m1")
+    assert (local / "model.safetensors").read_bytes() == b"weights"
+    fs.rm("/m1", recursive=True)  # gone remotely: the cached copy serves
+    assert resolve_model_dir("memory://m1") == local
+    assert not [p for p in local.parent.iterdir() if ".partial-" in p.name]
+
+
+def test_a_remote_path_without_a_model_is_named(cache):
+    with pytest.raises(ModelNotFound, match="memory://m2.*no config.json there"):
+        resolve_model_dir("memory://m2")
+
+
+def test_an_unreadable_remote_model_is_a_storage_error(cache, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Access Denied")
+
+    fsspec.filesystem("memory").pipe({"/m3/config.json": b"{}"})
+    monkeypatch.setattr(fsspec.implementations.memory.MemoryFileSystem, "get", refuse)
+    with pytest.raises(StorageError, match="cannot read model.path memory://m3: Access Denied"):
+        resolve_model_dir("memory://m3")
+
+
+def test_prl_run_with_a_wrong_model_path_is_one_line(tmp_path, capsys):
+    assert main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", f"model.path='{tmp_path}/nope'"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"prl run: model.path '{tmp_path}/nope': no such directory"), err
