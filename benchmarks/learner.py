@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import write_json
+from benchmarks.common import count, write_json
 from learner.sources import write_batches
 from schemas import TrainBatch, TrainRollout
 
@@ -71,11 +71,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learner", description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a model directory (e.g. an imported SmolLM2): fp32 against bf16 autocast on it, "
                                     "1 process and 2 FSDP2 ranks (default: the tiny built-in model, micro-batch sizes)")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--rollouts", type=int, default=128, help="rollouts per batch")
-    ap.add_argument("--prompt", type=int, default=16)
-    ap.add_argument("--completion", type=int, default=32)
-    ap.add_argument("--micro", type=int, nargs="+", default=[512, 2048, 8192])
+    ap.add_argument("--steps", type=count, default=8)
+    ap.add_argument("--rollouts", type=count, default=128, help="rollouts per batch")
+    ap.add_argument("--prompt", type=count, default=16)
+    ap.add_argument("--completion", type=count, default=32)
+    ap.add_argument("--micro", type=count, nargs="+", default=[512, 2048, 8192])
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     if args.model:

@@ -40,7 +40,7 @@ import tempfile
 
 import numpy as np
 
-from benchmarks.common import quiet_console, write_json
+from benchmarks.common import count, fraction, natural, quiet_console, write_json
 from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
 
 NO_REPLAY = "scheduler.replay.enabled=false"
@@ -370,6 +370,23 @@ TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "strategies",
                   "set")  # what --from-json cannot apply: the stored runs were trained with their own
 
 
+def learning_rates(ap, items: list[str]) -> dict[str, float]:
+    """``--lr STRATEGY=LR`` items as {strategy: rate}; a wrong one ends in one line."""
+    rates = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in STRATEGIES:
+            ap.error(f"--lr {item}: unknown strategy {name!r} (one of {', '.join(STRATEGIES)})")
+        try:
+            rate = float(value)
+        except ValueError:
+            rate = math.nan
+        if not 0 < rate < 1:
+            ap.error(f"--lr {item}: the rate must be a number between 0 and 1, e.g. {name}=5e-5")
+        rates[name] = rate
+    return rates
+
+
 def curves_path(task: str | None) -> str:
     return f"docs/bench-learning-{task}-curves.png" if task else "docs/bench-learning-curves.png"
 
@@ -378,15 +395,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learning", description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 25 min on 2 cores); long: 8 seeds, 24k")
     ap.add_argument("--task", help="a reasoning-gym task for the real model (e.g. chain_sum); default: the built-in task")
-    ap.add_argument("--seeds", type=int, help="override the mode's seed count")
-    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1 (other seeds "
+    ap.add_argument("--seeds", type=count, help="override the mode's seed count")
+    ap.add_argument("--first-seed", type=natural, default=0, help="seeds first-seed .. first-seed + seeds - 1 (other seeds "
                     "than the reported ones, to tune a setting on)")
-    ap.add_argument("--budget", type=int, help="rollouts generated per run (override the mode's)")
+    ap.add_argument("--budget", type=count, help="rollouts generated per run (override the mode's)")
     ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES))
-    ap.add_argument("--targets", type=float, nargs="+", default=[0.36, 0.38], help="held-out accuracies to reach (smoothed)")
-    ap.add_argument("--eval-every", type=int, default=512, help="rollouts generated between evaluations")
-    ap.add_argument("--smooth", type=int, default=3, help="evaluations in the trailing mean of the accuracy")
-    ap.add_argument("--heldout", type=int, default=200, help="held-out problems per difficulty (built-in task)")
+    ap.add_argument("--targets", type=fraction, nargs="+", default=[0.36, 0.38], help="held-out accuracies to reach (smoothed)")
+    ap.add_argument("--eval-every", type=count, default=512, help="rollouts generated between evaluations")
+    ap.add_argument("--smooth", type=count, default=3, help="evaluations in the trailing mean of the accuracy")
+    ap.add_argument("--heldout", type=count, default=200, help="held-out problems per difficulty (built-in task)")
     ap.add_argument("--pool", help=f"training pool, small enough to be revisited several times within the budget: "
                     f"problems per difficulty of the built-in task (default {BUILTIN_POOL}), or with --task the number "
                     f"of problems (default {REAL['pool']}, at most the dataset's {TRAIN})")
@@ -433,7 +450,7 @@ def main(argv=None) -> int:
         pool = args.pool or BUILTIN_POOL
         base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={pool}"]
     lrs = {} if args.task else dict(LR)
-    lrs.update({k: float(v) for k, _, v in (x.partition("=") for x in args.lr)})
+    lrs.update(learning_rates(ap, args.lr))
     results = run_all(args, base, strategies, seeds, budget, lrs)
     report(args, results, budget, setting(args.task, pool, args.heldout), f"{seeds} seeds x {len(results)} strategies, "
            f"budget {budget:,} rollouts, evaluated every {args.eval_every} rollouts", f"lr {lrs or 'from the config'}")

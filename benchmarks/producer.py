@@ -14,7 +14,7 @@ import random
 import sys
 import time
 
-from benchmarks.common import write_json
+from benchmarks.common import count, write_json
 
 
 def measure(backend, prompts, sampling, group_size, calls, chat: bool = False):
@@ -34,10 +34,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="builtin:tiny-adder")
     ap.add_argument("--task", help="chat prompts from this reasoning-gym task (e.g. chain_sum; for instruct models) "
                                    "instead of built-in addition prompts")
-    ap.add_argument("--prompts", type=int, default=128)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--prompts", type=count, default=128)
+    ap.add_argument("--group-size", type=count, default=8)
+    ap.add_argument("--max-tokens", type=count, default=8)
+    ap.add_argument("--calls", type=count, default=5)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import quiet_console, write_json
+from benchmarks.common import count, natural, positive, quiet_console, write_json
 
 CONFIG = Path(__file__).resolve().parent.parent / "examples" / "smollm2-chain-sum-cpu.toml"
 # The data the config trains on, made fresh by the bench with `prl data reasoning-gym`.
@@ -100,11 +100,11 @@ def curves_png(runs: list[dict], out: str, minutes: float) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench real", description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=CONFIG, help="the run's config (model and data paths are replaced)")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget of each run, final evaluation included")
+    ap.add_argument("--seeds", type=count, default=3)
+    ap.add_argument("--minutes", type=positive, default=30.0, help="wall-clock budget of each run, final evaluation included")
     ap.add_argument("--model-dir", help="an imported model to reuse (default: a fresh `prl model import` into a temp dir)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
-    ap.add_argument("--long-tokens", type=int, default=128,
+    ap.add_argument("--long-tokens", type=natural, default=128,
                     help="also evaluate before and after with this completion budget (no truncation: is the gain "
                          "more than answering within the training budget?); 0: skip")
     ap.add_argument("--png", default="docs/bench-real-curve.png")

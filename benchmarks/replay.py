@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import write_json
+from benchmarks.common import count, fraction, natural, write_json
 from prl.formulas import rollout_age
 from scheduler.replay import ReplayBuffer
 from schemas import TrainRollout
@@ -74,13 +74,13 @@ def run(buffer_cls, steps, fresh, ratio, tau_max, capacity, seed):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench replay", description=__doc__.splitlines()[0])
-    ap.add_argument("--capacity", type=int, default=30_000)
-    ap.add_argument("--fresh", type=int, default=2_730, help="fresh rollouts per step (fills 30,000 over tau_max+1 versions)")
-    ap.add_argument("--ratio", type=float, default=0.5)
-    ap.add_argument("--tau-max", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--naive-steps", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--capacity", type=count, default=30_000)
+    ap.add_argument("--fresh", type=count, default=2_730, help="fresh rollouts per step (fills 30,000 over tau_max+1 versions)")
+    ap.add_argument("--ratio", type=fraction, default=0.5)
+    ap.add_argument("--tau-max", type=natural, default=10)
+    ap.add_argument("--steps", type=count, default=200)
+    ap.add_argument("--naive-steps", type=count, default=3)
+    ap.add_argument("--seed", type=natural, default=0)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     prl = run(ReplayBuffer, args.steps, args.fresh, args.ratio, args.tau_max, args.capacity, args.seed)

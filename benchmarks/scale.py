@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import write_json
+from benchmarks.common import count, positive, write_json
 
 SPAWN = multiprocessing.get_context("spawn")  # helper processes start clean, without the producers' threads
 REWARD_MIX = ((0.5, [0.0] * 8), (0.2, [1.0] * 8), (0.3, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]))  # wrong, right, mixed
@@ -479,17 +479,17 @@ def compare_bytes(baseline: str, base_steps: list[dict], mode: str, steps: list[
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench scale", description=__doc__.splitlines()[0])
-    ap.add_argument("--producers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64], help="the ramp of simulated producers")
-    ap.add_argument("--tokens", type=int, default=2000, help="completion tokens per rollout")
-    ap.add_argument("--per-call", type=int, default=8, help="dispatches a simulated producer takes per generation call")
-    ap.add_argument("--call-s", type=float, default=0.5, help="simulated generation time per call")
-    ap.add_argument("--seconds", type=float, default=20.0, help="measurement time per ramp step")
-    ap.add_argument("--groups-per-batch", type=int, default=32)
-    ap.add_argument("--max-in-flight", type=int, default=1024, help="the scheduler's dispatches in flight (2x what 64 producers take per call)")
+    ap.add_argument("--producers", type=count, nargs="+", default=[1, 2, 4, 8, 16, 32, 64], help="the ramp of simulated producers")
+    ap.add_argument("--tokens", type=count, default=2000, help="completion tokens per rollout")
+    ap.add_argument("--per-call", type=count, default=8, help="dispatches a simulated producer takes per generation call")
+    ap.add_argument("--call-s", type=positive, default=0.5, help="simulated generation time per call")
+    ap.add_argument("--seconds", type=positive, default=20.0, help="measurement time per ramp step")
+    ap.add_argument("--groups-per-batch", type=count, default=32)
+    ap.add_argument("--max-in-flight", type=count, default=1024, help="the scheduler's dispatches in flight (2x what 64 producers take per call)")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                     help="to ramp, in turn on the same broker: batches that copy or claim-check the rollouts, and "
                          "+rewards_only: producers send groups without a signal as their rewards only")
-    ap.add_argument("--fetch-max-wait-ms", type=int, default=50,
+    ap.add_argument("--fetch-max-wait-ms", type=count, default=50,
                     help="transport.kafka.fetch_max_wait_ms of every consumer, the raw latency probe's too (tansu holds each fetch for most of it)")
     ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
     ap.add_argument("--json", metavar="PATH")

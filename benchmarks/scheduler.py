@@ -20,7 +20,7 @@ import tracemalloc
 
 import numpy as np
 
-from benchmarks.common import write_json
+from benchmarks.common import count, natural, write_json
 from prl.formulas import bernoulli_variance, success_estimate
 from scheduler.priority import PrioritySampler
 from schemas.config import PriorityConfig
@@ -112,12 +112,12 @@ def run_naive(n: int, rounds: int, k: int, g: int, seed: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench scheduler", description=__doc__.splitlines()[0])
-    ap.add_argument("--problems", type=int, default=1_000_000)
-    ap.add_argument("--rounds", type=int, default=4000, help="dispatch rounds for prl (4000 x 512: every problem seen twice)")
-    ap.add_argument("--naive-rounds", type=int, default=20, help="dispatch rounds for the naive sampler (it is slow)")
-    ap.add_argument("--batch", type=int, default=512, help="problems dispatched per round")
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--problems", type=count, default=1_000_000)
+    ap.add_argument("--rounds", type=count, default=4000, help="dispatch rounds for prl (4000 x 512: every problem seen twice)")
+    ap.add_argument("--naive-rounds", type=count, default=20, help="dispatch rounds for the naive sampler (it is slow)")
+    ap.add_argument("--batch", type=count, default=512, help="problems dispatched per round")
+    ap.add_argument("--group-size", type=count, default=8)
+    ap.add_argument("--seed", type=natural, default=0)
     ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     args = ap.parse_args(argv)
     prl = run_prl(args.problems, args.rounds, args.batch, args.group_size, args.seed)

@@ -8,7 +8,7 @@ import argparse
 import sys
 import tempfile
 
-from benchmarks.common import write_json
+from benchmarks.common import count, natural, write_json
 
 STRATEGIES = {
     "uniform": ["scheduler.strategy='uniform'"],
@@ -19,8 +19,8 @@ STRATEGIES = {
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench strategies", description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=40, help="learner steps per strategy")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=count, default=40, help="learner steps per strategy")
+    ap.add_argument("--seed", type=natural, default=0)
     ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     args = ap.parse_args(argv)
 

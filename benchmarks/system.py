@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import write_json
+from benchmarks.common import count, natural, positive, write_json
 
 
 # -- 1. Kafka path ---------------------------------------------------------------------------
@@ -270,14 +270,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench system", description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["kafka", "checkpoint", "async"], action="append", help="run only these (repeatable)")
     ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
-    ap.add_argument("--groups", type=int, default=60, help="rollout groups through Kafka")
-    ap.add_argument("--tokens", type=int, default=2000, help="tokens per rollout")
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--params-m", type=float, default=50.0, help="checkpointed model size, millions of parameters")
-    ap.add_argument("--repeats", type=int, default=5, help="rounds of the kafka figure (median) and the checkpoint figure (best of at least 9)")
-    ap.add_argument("--latency", type=float, default=0.5, help="simulated generation seconds per producer call")
-    ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--groups", type=count, default=60, help="rollout groups through Kafka")
+    ap.add_argument("--tokens", type=count, default=2000, help="tokens per rollout")
+    ap.add_argument("--group-size", type=count, default=8)
+    ap.add_argument("--params-m", type=positive, default=50.0, help="checkpointed model size, millions of parameters")
+    ap.add_argument("--repeats", type=count, default=5, help="rounds of the kafka figure (median) and the checkpoint figure (best of at least 9)")
+    ap.add_argument("--latency", type=positive, default=0.5, help="simulated generation seconds per producer call")
+    ap.add_argument("--steps", type=count, default=24)
+    ap.add_argument("--warmup", type=natural, default=4)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
 

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import write_json
+from benchmarks.common import count, write_json
 
 SIZES = {"135M": 135e6, "1.7B": 1.7e9, "8B": 8.0e9}
 
@@ -86,7 +86,7 @@ def vllm_transfer_engines() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench weights", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="builtin:tiny-adder", help="a model directory (e.g. an imported SmolLM2)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=count, default=3)
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM engine reload")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)

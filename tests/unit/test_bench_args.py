@@ -1,0 +1,25 @@
+"""A benchmark given a wrong argument stops with one line naming it, before any work."""
+
+import pytest
+
+from prl.cli import main
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["learning", "--seeds", "0"], "argument --seeds: '0' is not a whole number >= 1"),
+    (["learning", "--budget", "-5"], "argument --budget: '-5' is not a whole number >= 1"),
+    (["learning", "--targets", "0.4", "2"], "argument --targets: '2' is not a number from 0 to 1"),
+    (["learning", "--lr", "full=abc"], "--lr full=abc: the rate must be a number between 0 and 1"),
+    (["learning", "--lr", "nosuch=1e-5"], "--lr nosuch=1e-5: unknown strategy 'nosuch'"),
+    (["scheduler", "--problems", "many"], "argument --problems: 'many' is not a whole number >= 1"),
+    (["scale", "--producers", "8", "0"], "argument --producers: '0' is not a whole number >= 1"),
+    (["scale", "--call-s", "0"], "argument --call-s: '0' is not a number > 0"),
+    (["replay", "--ratio", "1.5"], "argument --ratio: '1.5' is not a number from 0 to 1"),
+    (["real", "--long-tokens", "-1"], "argument --long-tokens: '-1' is not a whole number >= 0"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_a_wrong_benchmark_argument_is_one_line(capsys, argv, line):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"prl bench {argv[0]}: error: {line}" in err and "Traceback" not in err
