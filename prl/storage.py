@@ -105,7 +105,7 @@ def write_versioned(root: str, name: str, files: dict[str, Data], keep: int, met
     for fname, data in files.items():
         manifest[fname] = _write(fs, f"{path}/{fname}", data)
     fs.pipe_file(f"{path}/manifest.json", json.dumps(manifest).encode())
-    _replace(fs, path.rsplit("/", 1)[0] + "/latest", json.dumps({**(meta or {}), "name": name}).encode())
+    replace_file(fs, path.rsplit("/", 1)[0] + "/latest", json.dumps({**(meta or {}), "name": name}).encode())
     if prune_in_background:
         _pruner.submit(_prune_logged, root, keep, name)
     else:
@@ -145,7 +145,7 @@ def wait_for_pruning() -> None:
     _pruner.submit(lambda: None).result()
 
 
-def _replace(fs, path: str, data: bytes) -> None:
+def replace_file(fs, path: str, data: bytes) -> None:
     """Write ``path`` whole or not at all: on a local disk a temporary file renamed over it
     (a rename is atomic); an object store's PUT is atomic already."""
     if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):

@@ -24,7 +24,9 @@ A file holds at most ``max_rows`` groups; a partial file is written when ``flush
 passes, at every scheduler snapshot (before the rollout offsets are committed, so a killed
 scheduler loses no archived group: it re-reads and re-archives what came after its snapshot,
 which can archive a group twice) and on ``close`` (on shutdown). Each writer start uses its
-own file prefix, so a restarted scheduler never overwrites a file.
+own file prefix, so a restarted scheduler never overwrites a file. Each file is written whole
+(on a local disk a temporary file renamed; on object storage one PUT), so a killed scheduler
+leaves no torn file for the readers.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prl.storage import StorageError, replace_file
 from schemas import RolloutGroup
 from schemas.records import to_table
 
@@ -80,8 +83,9 @@ class RolloutArchive:
         path = f"{self.uri}/policy_version={version}/part-{self.writer_id}-{self.files_written:05d}.parquet"
         fs, fpath = fsspec.core.url_to_fs(path)
         fs.makedirs(fpath.rsplit("/", 1)[0], exist_ok=True)
-        with fs.open(fpath, "wb") as f:
-            pq.write_table(table, f, compression="zstd")
+        buf = pa.BufferOutputStream()
+        pq.write_table(table, buf, compression="zstd")
+        replace_file(fs, fpath, buf.getvalue().to_pybytes())  # a killed scheduler leaves no torn file
         self.files_written += 1
 
     def close(self) -> None:
@@ -97,11 +101,33 @@ def read_archive(uri: str) -> pa.Table:
     files = [f for f in fs.find(path) if f.endswith(".parquet")]
     if not files:
         raise FileNotFoundError(f"no Parquet files under {uri}")
-    dataset = ds.dataset(files, filesystem=fs, format="parquet", partitioning="hive", partition_base_dir=path)
-    table = dataset.to_table()
+    try:
+        dataset = ds.dataset(files, filesystem=fs, format="parquet", partitioning="hive", partition_base_dir=path)
+        table = dataset.to_table()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise StorageError(unreadable_archive(fs, files, exc)) from None
     table = table.set_column(table.schema.get_field_index("policy_version"), "policy_version",
                              table["policy_version"].cast(pa.int64()))
     return table.sort_by("accepted_at")
+
+
+def unreadable_archive(fs, files: list[str], exc: Exception) -> str:
+    """One line naming the archive file pyarrow could not read, and what to do about it."""
+    for f in files:
+        if problem := parquet_problem(fs, f):
+            return (f"archive file {f} is not readable Parquet ({problem}); move it out of the archive and run "
+                    "again (the scheduler writes archive files whole: this one was damaged or put there by hand)")
+    return f"the archive under {files[0].rsplit('/', 2)[0]} cannot be read as one table: {' '.join(str(exc).split())[:300]}"
+
+
+def parquet_problem(fs, path: str) -> str | None:
+    """Why ``path`` is not a Parquet file whose schema can be read, or None."""
+    try:
+        with fs.open(path, "rb") as f:
+            pq.read_schema(f)
+        return None
+    except (pa.ArrowInvalid, OSError) as exc:
+        return " ".join(str(exc).split())[:200]
 
 
 def groups_from_table(table: pa.Table) -> list[RolloutGroup]:

@@ -1,0 +1,52 @@
+"""The rollout archive: files are written whole, and a file that is not Parquet is named."""
+
+import pytest
+
+from prl import storage
+from prl.storage import StorageError
+from scheduler.archive import RolloutArchive, read_archive
+from tests.support.groups import make_groups
+
+
+def test_archived_groups_read_back_by_version(tmp_path):
+    archive = RolloutArchive(str(tmp_path / "archive"), max_rows=7)
+    for g in make_groups(30):
+        archive.add(g, learner_version=g.policy_version)
+    archive.close()
+    table = read_archive(str(tmp_path / "archive"))
+    assert table.num_rows == 30
+    assert sorted(set(table["policy_version"].to_pylist())) == [0, 1, 2]
+    assert not [p for p in (tmp_path / "archive").rglob("*") if ".tmp-" in p.name]
+
+
+def test_a_write_cut_short_leaves_no_file_the_reader_takes(tmp_path, monkeypatch):
+    """A scheduler killed while writing a file (here: the write fails before it is complete)
+    leaves the files written before, readable; the cut file is never a .parquet file."""
+    archive = RolloutArchive(str(tmp_path / "archive"))
+    groups = make_groups(20)
+    for g in groups[:10]:
+        archive.add(g, 0)
+    archive.flush()
+
+    def killed(fd):
+        raise OSError(5, "killed mid-write")
+
+    monkeypatch.setattr(storage.os, "fsync", killed)
+    for g in groups[10:]:
+        archive.add(g, 0)
+    with pytest.raises(OSError, match="killed mid-write"):
+        archive.flush()
+    assert read_archive(str(tmp_path / "archive")).num_rows == 10
+
+
+def test_a_file_that_is_not_parquet_is_named_in_one_line(tmp_path):
+    archive = RolloutArchive(str(tmp_path / "archive"))
+    for g in make_groups(5):
+        archive.add(g, 0)
+    archive.close()
+    bad = tmp_path / "archive" / "policy_version=0" / "part-foreign.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(StorageError) as err:
+        read_archive(str(tmp_path / "archive"))
+    assert str(err.value).startswith(f"archive file {bad} is not readable Parquet (")
+    assert "move it out of the archive" in str(err.value)
