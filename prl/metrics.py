@@ -14,9 +14,23 @@ import time
 from pathlib import Path
 
 import fsspec
+import structlog
 
 
 FLUSH_EVERY_S = 10.0
+
+
+def end_torn_line(path: Path) -> None:
+    """End a last line a killed process left without its newline, so this process's first
+    line starts on a line of its own (the torn line alone is lost, and read_metrics says so)."""
+    if not (path.exists() and path.stat().st_size):
+        return
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        torn = f.read(1) != b"\n"
+    if torn:
+        with open(path, "ab") as f:  # appended at the end, after any line another process wrote since
+            f.write(b"\n")
 
 
 class MetricsSink:
@@ -30,6 +44,7 @@ class MetricsSink:
         self.path = f"{root.rstrip('/')}/{filename}"
         if self._local:
             Path(root).mkdir(parents=True, exist_ok=True)
+            end_torn_line(Path(self.path))
         else:
             stem, _, ext = filename.rpartition(".")
             self.path = f"{root.rstrip('/')}/{stem}.{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**6:06d}.{ext}"
@@ -81,5 +96,21 @@ class MetricsSink:
 
 
 def read_metrics(path: str) -> list[dict]:
+    """Every line of a metrics file; a line that is not a JSON object (cut short when a process
+    was killed mid-write) is skipped with a warning naming it."""
+    rows, torn = [], []
     with fsspec.open(path, "r") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                torn.append(number)
+    if torn:
+        structlog.get_logger("metrics").warning("metrics_lines_skipped", path=path, lines=torn[:20], count=len(torn))
+    return rows

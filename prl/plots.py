@@ -151,5 +151,8 @@ def run_report(rows: list[dict], out_uri: str) -> None:
         ax.set_xlabel(x.replace("_", " "))
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:  # a run too short (or a service not yet started) to have these figures
+            ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="grey")
     save_png(fig, out_uri, 100)
