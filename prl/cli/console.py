@@ -63,14 +63,15 @@ def progress_figures(learner, scheduler, seconds: float) -> dict:
 
 def summary_table(summary: dict, files: list[str]) -> str:
     """The end of a run, for people: time, steps, held-out accuracy per difficulty, files."""
-    lines = [f"prl run finished in {summary['seconds']:.0f} s: {summary['steps']} steps, "
-             f"{summary['rollouts_generated']:,} rollouts generated"]
+    first = summary.get("first_step", 0)
+    steps = f"steps {first} -> {summary['steps']} (continued from its checkpoint)" if first else f"{summary['steps']} steps"
+    lines = [f"prl run finished in {summary['seconds']:.0f} s: {steps}, {summary['rollouts_generated']:,} rollouts generated"]
     start, end = summary.get("start", {}), summary.get("end", {})
     keys = [k for k in end if k.startswith("accuracy")]
-    if keys:
-        lines.append(f"  {'held-out accuracy':<22}{'start':>8}{'end':>8}")
+    if keys:  # a continued run has no start column: its checkpoint is not evaluated again
+        lines.append(f"  {'held-out accuracy':<22}" + (f"{'start':>8}" if start else "") + f"{'end':>8}")
         for k in keys:
             label = "overall" if k == "accuracy" else f"difficulty {k.rsplit('_d', 1)[-1]}"
-            lines.append(f"  {label:<22}{start.get(k, float('nan')):>8.3f}{end[k]:>8.3f}")
+            lines.append(f"  {label:<22}" + (f"{start.get(k, float('nan')):>8.3f}" if start else "") + f"{end[k]:>8.3f}")
     lines.append("wrote " + ", ".join(files))
     return "\n".join(lines)

@@ -80,7 +80,7 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     metrics = MetricsSink(cfg.run.run_dir, trackers=make_trackers(cfg, "run"))
     budget = Budget(max_rollouts, max_seconds)
     learner = Learner(cfg, transport, metrics)
-    start = dict(getattr(learner, "last_eval", {}))
+    start, first_step = dict(getattr(learner, "last_eval", {})), learner.version  # a continued run starts past 0
     scheduler = Scheduler(cfg, transport, metrics)
     background = Background([scheduler, Producer(cfg, transport, metrics)])
     console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress)
@@ -99,7 +99,7 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     if background.failures:
         raise background.failures[0]
     draw(cfg, metrics, scheduler)
-    summary = summarize(learner, start, budget.elapsed())
+    summary = summarize(learner, start, first_step, budget.elapsed())
     log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
     return summary
 
@@ -111,9 +111,12 @@ def draw(cfg, metrics, scheduler) -> None:
                        f"scheduler at the end ({cfg.scheduler.strategy})")
 
 
-def summarize(learner, start: dict, seconds: float) -> dict:
+def summarize(learner, start: dict, first_step: int, seconds: float) -> dict:
+    """What the run did: steps (from ``first_step``, past 0 for a run continued from its
+    checkpoint, which is not evaluated again at its start), rollouts, held-out accuracy."""
     end = dict(getattr(learner, "last_eval", {}))
-    return {"steps": learner.version, "seconds": round(seconds, 1), "rollouts_generated": learner.rollouts_generated,
+    return {"steps": learner.version, "first_step": first_step, "seconds": round(seconds, 1),
+            "rollouts_generated": learner.rollouts_generated,
             "accuracy_start": start.get("accuracy"), "accuracy_end": end.get("accuracy"), "start": start, "end": end}
 
 

@@ -1,0 +1,22 @@
+"""The lines `prl run` ends with, for a new run and for one continued from its checkpoint."""
+
+from prl.cli.console import summary_table
+
+
+def test_a_new_run_shows_start_and_end_accuracy():
+    text = summary_table({"seconds": 5, "steps": 10, "first_step": 0, "rollouts_generated": 1408,
+                          "start": {"accuracy": 0.332}, "end": {"accuracy": 0.354}}, ["a.png"])
+    assert text.splitlines() == ["prl run finished in 5 s: 10 steps, 1,408 rollouts generated",
+                                 "  held-out accuracy        start     end",
+                                 "  overall                  0.332   0.354",
+                                 "wrote a.png"]
+
+
+def test_a_continued_run_names_its_steps_and_shows_no_start_it_did_not_measure():
+    text = summary_table({"seconds": 6, "steps": 70, "first_step": 60, "rollouts_generated": 9344, "start": {},
+                          "end": {"accuracy": 0.4}}, ["a.png"])
+    assert text.splitlines()[:3] == ["prl run finished in 6 s: steps 60 -> 70 (continued from its checkpoint), "
+                                     "9,344 rollouts generated",
+                                     "  held-out accuracy          end",
+                                     "  overall                  0.400"]
+    assert "nan" not in text
