@@ -8,27 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-
-def number_type(convert, ok, what: str):
-    """An argparse type: ``convert`` the text, and refuse values ``ok`` rejects, naming ``what``
-    (argparse then prints one line: the option, the value and this)."""
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
-        return value
-
-    parse.__name__ = what  # argparse names the type in some messages
-    return parse
-
-
-count = number_type(int, lambda v: v >= 1, "a whole number >= 1")  # how many: seeds, steps, producers...
-natural = number_type(int, lambda v: v >= 0, "a whole number >= 0")  # seeds, warm-ups, ages
-positive = number_type(float, lambda v: v > 0, "a number > 0")  # seconds, sizes, rates
-fraction = number_type(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")  # shares, accuracies
+from prl.cli.parser import count, fraction, natural, positive  # noqa: F401 (the benchmarks' option types)
 
 
 @functools.cache

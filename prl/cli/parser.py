@@ -3,8 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights")
+
+
+def number_type(convert, ok, what: str):
+    """An argparse type: ``convert`` the text, and refuse values ``ok`` rejects, naming ``what``
+    (argparse then prints one line: the option, the value and this)."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+count = number_type(int, lambda v: v >= 1, "a whole number >= 1")  # how many: seeds, steps, producers...
+natural = number_type(int, lambda v: v >= 0, "a whole number >= 0")  # seeds, versions, ages
+positive = number_type(float, lambda v: 0 < v < math.inf, "a number > 0")  # seconds, sizes, rates
+rate = number_type(float, lambda v: 0 <= v < math.inf, "a number >= 0")  # per second, 0 for no limit
+fraction = number_type(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")  # shares, accuracies
+finite = number_type(float, math.isfinite, "a finite number")  # rewards
 
 
 class Parser(argparse.ArgumentParser):
@@ -34,8 +59,8 @@ def add_run(sub) -> None:
     run = sub.add_parser("run", help="the whole pipeline in one process (in-memory transport)")
     common(run)
     run.add_argument("--run-dir", help="where checkpoints, metrics and plots go (overrides run.run_dir)")
-    run.add_argument("--max-steps", type=int, help="learner steps (overrides learner.max_steps)")
-    run.add_argument("--max-minutes", type=float, help="stop after this much wall time, final evaluation included")
+    run.add_argument("--max-steps", type=count, help="learner steps (overrides learner.max_steps)")
+    run.add_argument("--max-minutes", type=positive, help="stop after this much wall time, final evaluation included")
     run.add_argument("--no-progress", action="store_true", help="no progress bar or per-evaluation lines")
     run.add_argument("--verbose", action="store_true", help="every log line on the console too (always in <run_dir>/prl.log)")
 
@@ -57,13 +82,13 @@ def add_inspect(sub) -> None:
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new messages")
     tail.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     tail.add_argument("--summary", action="store_true", help="rate, mean reward and version lag per producer only")
-    tail.add_argument("--limit", type=int, help="stop after this many shown messages")
+    tail.add_argument("--limit", type=count, help="stop after this many shown messages")
     tail.add_argument("--problem", help="only this problem id")
     tail.add_argument("--producer", help="only this producer id")
-    tail.add_argument("--min-version", type=int)
-    tail.add_argument("--max-version", type=int)
-    tail.add_argument("--min-reward", type=float, help="mean reward of a group at least this")
-    tail.add_argument("--max-reward", type=float)
+    tail.add_argument("--min-version", type=natural)
+    tail.add_argument("--max-version", type=natural)
+    tail.add_argument("--min-reward", type=finite, help="mean reward of a group at least this")
+    tail.add_argument("--max-reward", type=finite)
 
 
 def add_explain(sub) -> None:
@@ -88,9 +113,10 @@ def add_replay(sub) -> None:
             r.add_argument("--out", help="where the PNGs go (default: <run_dir>/replay)")
         if action == "train":
             r.add_argument("--out", help="a new run directory for the checkpoints (default: <run_dir>/replay-train)")
-            r.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
         if action == "publish":
-            r.add_argument("--rate", type=float, default=10.0, help="batches per second at most (0: unlimited)")
+            r.add_argument("--rate", type=rate, default=10.0, help="batches per second at most (0: unlimited)")
+        else:
+            r.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
 
 
 def add_model(sub) -> None:

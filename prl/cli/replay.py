@@ -257,17 +257,18 @@ def command(args, cfg) -> int:
             result = whatif(uri, out, seed=cfg.run.seed, progress=progress)
             print(format_whatif(result))
             print(f"\nwrote {out}/whatif.png")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=2)
-        return 0
-    if args.action == "publish":
+    elif args.action == "publish":
         from prl.transport import make_transport
 
         n = publish(cfg, make_transport(cfg.transport), uri, args.rate, progress)
         print(f"published {n} batches to {cfg.run.name}.batches")
         return 0
-    result = train(cfg, uri, args.out or cfg.run.run_dir.rstrip("/") + "/replay-train", progress)
-    print(f"trained {result['steps']} steps on {result['batches']} archived batches into {result['run_dir']} "
-          f"(last checkpoint {result['checkpoint']})")
+    else:
+        result = train(cfg, uri, args.out or cfg.run.run_dir.rstrip("/") + "/replay-train", progress)
+        print(f"trained {result['steps']} steps on {result['batches']} archived batches into {result['run_dir']} "
+              f"(last checkpoint {result['checkpoint']})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.json}")
     return 0
