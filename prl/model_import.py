@@ -76,8 +76,13 @@ def quantization_type(gguf_path: Path) -> str:
 
     from gguf import GGUFReader
 
-    types = Counter(t.tensor_type.name for t in GGUFReader(str(gguf_path)).tensors)
-    return types.most_common(1)[0][0]
+    try:
+        tensors = GGUFReader(str(gguf_path)).tensors
+    except (ValueError, OSError) as exc:  # wrong magic, cut short, empty
+        raise ImportFailed(f"{gguf_path}: not a readable GGUF file ({exc}); download it again, whole") from None
+    if not tensors:
+        raise ImportFailed(f"{gguf_path}: a GGUF file without weights; import a model file")
+    return Counter(t.tensor_type.name for t in tensors).most_common(1)[0][0]
 
 
 def import_gguf(source: str, out_dir: str | Path, log=print) -> ImportSummary:

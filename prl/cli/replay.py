@@ -258,8 +258,9 @@ def command(args, cfg) -> int:
             print(format_whatif(result))
             print(f"\nwrote {out}/whatif.png")
     elif args.action == "publish":
-        from prl.transport import make_transport
+        from prl.transport import make_transport, require_shared
 
+        require_shared(cfg.transport, ", or train on the archive here with `prl replay train`")
         n = publish(cfg, make_transport(cfg.transport), uri, args.rate, progress)
         print(f"published {n} batches to {cfg.run.name}.batches")
         return 0

@@ -12,9 +12,11 @@ def command(args, cfg) -> int:
     from prl.metrics import MetricsSink
     from prl.storage import check_writable
     from prl.trackers import make_trackers
-    from prl.transport import make_transport
+    from prl.transport import make_transport, require_shared
 
     name = args.command
+    if not (name == "learner" and cfg.learner.batches_from):  # an offline learner needs no one
+        require_shared(cfg.transport, ", or run the whole pipeline in one process with `prl run`")
     check_writable(cfg.run.run_dir)
     transport = make_transport(cfg.transport)
     transport.ensure_topics(cfg.run.name)

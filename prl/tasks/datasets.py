@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import fsspec
+import pyarrow as pa
 
 from prl.tasks.addition import Problem
 
@@ -23,6 +24,20 @@ class DatasetError(ValueError):
 
 
 def read_rows(uri: str) -> list[dict]:
+    """The rows of a .parquet or .jsonl dataset file; a missing or unreadable file is one
+    DatasetError naming it."""
+    try:
+        return _read_rows(uri)
+    except FileNotFoundError:
+        raise DatasetError(f"{uri}: no such file (task.train_path / task.heldout_path; "
+                           "`prl data reasoning-gym` makes a dataset)") from None
+    except pa.ArrowException as exc:
+        raise DatasetError(f"{uri}: not a readable Parquet file ({exc}); write it again") from None
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{uri}: not UTF-8 text ({exc.reason}); save it as UTF-8") from None
+
+
+def _read_rows(uri: str) -> list[dict]:
     if uri.endswith(".parquet"):
         import pyarrow.parquet as pq
 

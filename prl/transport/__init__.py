@@ -20,4 +20,14 @@ def make_transport(cfg, *, memory_broker=None) -> Transport:
     return KafkaTransport(cfg.kafka)
 
 
-__all__ = ["Message", "Publisher", "Reader", "Subscriber", "Transport", "TransportError", "make_transport"]
+def require_shared(cfg, hint: str = "") -> None:
+    """The command talks to other processes: refuse the in-memory transport (it reaches no one
+    outside this process) with one line saying what to set instead, plus ``hint``."""
+    if cfg.type == "memory":
+        from prl.errors import UsageError
+
+        raise UsageError('transport.type is "memory", which reaches no other process; give this command the '
+                         'deployment\'s config (--config kafka.toml with [transport] type = "kafka")' + hint)
+
+
+__all__ = ["Message", "Publisher", "Reader", "Subscriber", "Transport", "TransportError", "make_transport", "require_shared"]

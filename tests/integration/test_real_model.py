@@ -45,6 +45,11 @@ def test_import_refuses_what_it_cannot_read(tmp_path):
         import_gguf("nosuch-model", tmp_path / "x")
     with pytest.raises(ImportFailed, match="no such file"):
         import_gguf(str(tmp_path / "missing.gguf"), tmp_path / "x")
+    for name, content in (("html.gguf", b"<html>Not found</html>"), ("empty.gguf", b"")):
+        (tmp_path / name).write_bytes(content)  # a failed download
+        with pytest.raises(ImportFailed, match=f"{name}: not a readable GGUF file .*download it again"):
+            import_gguf(str(tmp_path / name), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
 
 
 def real_config(model_dir, tmp_path):

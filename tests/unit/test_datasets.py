@@ -45,6 +45,20 @@ def test_bad_rows_name_file_and_row(tmp_path, rows, message):
     assert str(exc.value) == f"{uri}: {message}"
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("missing.parquet", None, "no such file (task.train_path / task.heldout_path; `prl data reasoning-gym` makes a dataset)"),
+    ("cut.parquet", b"PAR1", "not a readable Parquet file ("),
+    ("latin1.jsonl", b'{"id": "\xe9"}\n', "not UTF-8 text (invalid continuation byte); save it as UTF-8"),
+])
+def test_an_unreadable_file_is_one_line_naming_it(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(DatasetError) as exc:
+        load_problems(str(path))
+    assert str(exc.value).startswith(f"{path}: {message}")
+
+
 def test_scheduler_runs_on_a_dataset(tmp_path):
     from prl.transport.memory import MemoryTransport
     from scheduler.service import Scheduler
