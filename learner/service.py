@@ -105,7 +105,8 @@ class Learner(Service):
     def announce(self) -> None:
         if not self.is_main:
             return
-        record = PolicyVersion(self.version, self.checkpoint_uri, self.last_seq, time.time())
+        uri = self.checkpoint_uri if self.saved_version == self.version else ""  # between checkpoints: no weights to load
+        record = PolicyVersion(self.version, uri, self.last_seq, time.time())
         self.send(POLICY, record, key=self.cfg.run.name.encode())
         self.publisher.flush()
 

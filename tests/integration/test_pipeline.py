@@ -10,6 +10,7 @@ from schemas import DeadLetter, RolloutGroup, decode, encode, headers, topic_nam
 from schemas.config import load_config
 from schemas.topics import DEADLETTER, PROBLEMS, ROLLOUTS
 from prl.servers import wait_until
+from prl.trust import checkpoint_name
 
 
 def small_config(tmp_path, **extra):
@@ -448,3 +449,19 @@ def test_claim_check_batches_train_the_same_rollouts_as_copies(tmp_path, claim_c
         assert any(r.is_replay for r in refs) and learner.counters["fetched_bytes"] > 0
         assert learner.counters["fetch_cache_bytes"] > 0  # replayed rollouts' groups were not fetched again
         assert max(len(m.value) for m in batches) < 20_000  # references only
+
+
+def test_versions_between_checkpoints_are_announced_without_weights(tmp_path):
+    """checkpoint_every=4: versions 1-3 carry no checkpoint_uri, so neither the scheduler nor
+    the producer refuses them and the run reaches max_steps (it stalled at the first version
+    announced with the previous checkpoint's location, which both rightly dead-lettered)."""
+    from prl.cli.run import run_pipeline
+
+    cfg = small_config(tmp_path, **{"learner.checkpoint_every": 4, "learner.max_steps": 10})
+    summary = run_pipeline(cfg, progress=False, max_seconds=60)
+    assert summary["steps"] == 10
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert not [k for r in rows for k in r if "dead_lettered" in k]
+    assert (tmp_path / "run" / "checkpoints" / checkpoint_name(8)).exists()
+    assert (tmp_path / "run" / "checkpoints" / checkpoint_name(10)).exists()  # the last step is always saved
+
