@@ -65,11 +65,16 @@ def summary_table(summary: dict, files: list[str]) -> str:
     """The end of a run, for people: time, steps, held-out accuracy per difficulty, files."""
     first = summary.get("first_step", 0)
     steps = f"steps {first} -> {summary['steps']} (continued from its checkpoint)" if first else f"{summary['steps']} steps"
-    lines = [f"prl run finished in {summary['seconds']:.0f} s: {steps}, {summary['rollouts_generated']:,} rollouts generated"]
+    how = f"stopped by {summary['interrupted_by']} after" if summary.get("interrupted_by") else "finished in"
+    lines = [f"prl run {how} {summary['seconds']:.0f} s: {steps}, {summary['rollouts_generated']:,} rollouts generated"]
+    if summary.get("interrupted_by"):
+        lines.append(f"  checkpoint of step {summary['steps']} written; the same command continues from it")
     start, end = summary.get("start", {}), summary.get("end", {})
     keys = [k for k in end if k.startswith("accuracy")]
     if keys:  # a continued run has no start column: its checkpoint is not evaluated again
-        lines.append(f"  {'held-out accuracy':<22}" + (f"{'start':>8}" if start else "") + f"{'end':>8}")
+        at = summary.get("evaluated_at", summary["steps"])
+        end_label = "end" if at == summary["steps"] else f"step {at}"  # an interrupted run: its last evaluation
+        lines.append(f"  {'held-out accuracy':<22}" + (f"{'start':>8}" if start else "") + f"{end_label:>8}")
         for k in keys:
             label = "overall" if k == "accuracy" else f"difficulty {k.rsplit('_d', 1)[-1]}"
             lines.append(f"  {label:<22}" + (f"{start.get(k, float('nan')):>8.3f}" if start else "") + f"{end[k]:>8.3f}")

@@ -8,6 +8,7 @@ checkpoints, metrics.jsonl and learning_curve.png.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -37,8 +38,10 @@ def command(args, cfg) -> int:
         raise UsageError("prl run uses the in-memory transport; start services with prl scheduler|producer|learner")
     check_writable(cfg.run.run_dir)
     clear_outputs(cfg.run.run_dir)
-    summary = run_pipeline(cfg, progress=not args.no_progress,
-                           max_seconds=args.max_minutes * 60 if args.max_minutes else None)
+    with Interrupt() as interrupt:
+        summary = run_pipeline(cfg, progress=not args.no_progress, stop=interrupt.event,
+                               max_seconds=args.max_minutes * 60 if args.max_minutes else None)
+    summary["interrupted_by"] = interrupt.signal_name
     run_dir = cfg.run.run_dir.rstrip("/")
     with fsspec.open(f"{run_dir}/summary.json", "w") as f:
         json.dump(summary, f, indent=2)
@@ -48,7 +51,39 @@ def command(args, cfg) -> int:
         fs, root = fsspec.core.url_to_fs(run_dir)
         files = [f"{run_dir}/{name}" for name in OUTPUTS if fs.exists(f"{root}/{name}")]  # no curve without evaluation
         print(summary_table(summary, files) + f"; details in {run_log(cfg.run.run_dir) or 'the log'}", file=sys.stderr)
-    return 0
+    return interrupt.exit_code
+
+
+class Interrupt:
+    """Ctrl-C or SIGTERM stops `prl run` after the step in progress: the learner's state is
+    checkpointed, the curves and summary are written, and the same command continues the run.
+    A second Ctrl-C stops at once."""
+
+    CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal's number, as shells report it
+
+    def __init__(self):
+        self.event, self.signal_name, self.previous = threading.Event(), None, {}
+
+    def __enter__(self) -> "Interrupt":
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def handle(self, signum, frame) -> None:
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        self.event.set()
+        print(f"\n{self.signal_name}: stopping after this step (again to stop at once)", file=sys.stderr)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    @property
+    def exit_code(self) -> int:
+        return self.CODES.get(self.signal_name, 0)
 
 
 def run_log(run_dir: str) -> str | None:
@@ -66,11 +101,13 @@ def clear_outputs(run_dir: str) -> None:
             fs.rm(f"{path.rstrip('/')}/{name}")
 
 
-def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, max_seconds: float | None = None) -> dict:
+def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, max_seconds: float | None = None,
+                 stop: threading.Event | None = None) -> dict:
     """Run until the learner reaches ``learner.max_steps``, or has trained on batches that
     took ``max_rollouts`` generated rollouts, or ``max_seconds`` of wall time are nearly up
     (training stops one step and one evaluation before the limit); then stop the scheduler
-    and producer and evaluate once more. Return start/end accuracy."""
+    and producer and evaluate once more. ``stop`` ends it after the current step, with a
+    checkpoint of that step and no final evaluation. Return start/end accuracy."""
     from learner.service import Learner
     from producers.service import Producer
     from scheduler.service import Scheduler
@@ -84,9 +121,12 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     scheduler = Scheduler(cfg, transport, metrics)
     background = Background([scheduler, Producer(cfg, transport, metrics)])
     console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress)
+    stop = stop or threading.Event()
     try:
-        stopped_by_budget = train(learner, scheduler, background, budget, console)
+        stopped_by_budget = train(learner, scheduler, background, budget, console, stop)
         background.stop()
+        if stop.is_set() and learner.saved_version != learner.version:
+            learner.save()  # the same command continues from here
         evaluating = cfg.learner.eval_every or cfg.learner.eval_every_rollouts
         if stopped_by_budget and evaluating and learner.heldout and learner.evaluated_at != learner.version:
             learner.evaluate()  # with the generators stopped, evaluation has the machine to itself
@@ -115,15 +155,15 @@ def summarize(learner, start: dict, first_step: int, seconds: float) -> dict:
     """What the run did: steps (from ``first_step``, past 0 for a run continued from its
     checkpoint, which is not evaluated again at its start), rollouts, held-out accuracy."""
     end = dict(getattr(learner, "last_eval", {}))
-    return {"steps": learner.version, "first_step": first_step, "seconds": round(seconds, 1),
+    return {"steps": learner.version, "first_step": first_step, "evaluated_at": learner.evaluated_at, "seconds": round(seconds, 1),
             "rollouts_generated": learner.rollouts_generated,
             "accuracy_start": start.get("accuracy"), "accuracy_end": end.get("accuracy"), "start": start, "end": end}
 
 
-def train(learner, scheduler, background: "Background", budget: "Budget", console: Console) -> bool:
-    """Step the learner until it is done, a background service stops, or the budget is
-    spent (returns True for the budget)."""
-    while not background.stopped.is_set():
+def train(learner, scheduler, background: "Background", budget: "Budget", console: Console, stop: threading.Event) -> bool:
+    """Step the learner until it is done, a background service stops, ``stop`` is set, or the
+    budget is spent (returns True for the budget)."""
+    while not background.stopped.is_set() and not stop.is_set():
         done = learner.step()
         budget.observe(learner.version)
         console.update(learner, scheduler)

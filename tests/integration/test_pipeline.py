@@ -465,3 +465,38 @@ def test_versions_between_checkpoints_are_announced_without_weights(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / checkpoint_name(8)).exists()
     assert (tmp_path / "run" / "checkpoints" / checkpoint_name(10)).exists()  # the last step is always saved
 
+
+def test_prl_run_stopped_by_ctrl_c_checkpoints_its_step_and_continues(tmp_path, capsys):
+    """Ctrl-C (here SIGINT sent once the learner has trained two steps) ends `prl run` after
+    the step in progress with exit code 130, a checkpoint of that step and the summary; the
+    same command then continues from that step."""
+    import os
+    import signal
+    import threading
+
+    from prl.cli import main
+
+    run_dir = tmp_path / "run"
+    metrics = run_dir / "metrics.jsonl"
+
+    def trained(n):
+        return metrics.exists() and any(json.loads(line).get("learner/loss") is not None and json.loads(line)["step"] >= n
+                                        for line in metrics.read_text().splitlines() if line.endswith("}"))
+
+    def interrupt():
+        wait_until(lambda: trained(2), timeout_s=120, what="two learner steps")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=interrupt, daemon=True)
+    sender.start()
+    argv = ["run", "--run-dir", str(run_dir), "--max-steps", "500", "--no-progress", "--max-minutes", "3", "--set", "learner.checkpoint_every=1000",
+            "--set", "task.heldout_per_digit=10", "--set", "learner.eval_every=0"]
+    assert main(argv) == 130
+    sender.join(timeout=5)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted_by"] == "SIGINT" and 2 <= summary["steps"] < 500
+    assert (run_dir / "checkpoints" / checkpoint_name(summary["steps"])).exists()
+    assert "prl run stopped by SIGINT" in capsys.readouterr().err
+    assert main(argv[:3] + ["--max-steps", str(summary["steps"] + 2)] + argv[5:]) == 0
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert again["first_step"] == summary["steps"] and again["steps"] == summary["steps"] + 2
