@@ -34,6 +34,7 @@ def make_data(args) -> int:
     print(f"wrote {s.out_dir}/train.parquet ({s.train} problems) and test.parquet ({s.test}), no problem in both "
           f"(drew {s.drawn}, {s.duplicates} repeats skipped)")
     print("groups (difficulty): " + ", ".join(f"{g} x{n}" for g, n in sorted(s.groups.items())))
+    heldout = f"--set task.heldout_path='{s.out_dir}/test.parquet' " if s.test else ""  # none: a run without evaluation
     print(f"train on it with: --set task.name='dataset' --set task.train_path='{s.out_dir}/train.parquet' "
-          f"--set task.heldout_path='{s.out_dir}/test.parquet' --set producer.reward='producers.rewards:reasoning_gym'")
+          f"{heldout}--set producer.reward='producers.rewards:reasoning_gym'")
     return 0

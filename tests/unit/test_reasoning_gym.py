@@ -87,3 +87,12 @@ def test_cli_makes_data_and_reports_errors_in_one_line(tmp_path, capsys):
     assert main(["data", "reasoning-gym", "nosuch", "--train", "2", "--test", "1", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown reasoning-gym task 'nosuch'" in err
+
+
+def test_cli_without_a_test_set_suggests_a_run_without_evaluation(tmp_path, capsys):
+    """--test 0: the suggested command names no held-out file (an empty one would stop the run)."""
+    from prl.cli import main
+
+    assert main(["data", "reasoning-gym", "gcd", "--train", "5", "--test", "0", "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "task.train_path=" in out and "heldout_path" not in out
