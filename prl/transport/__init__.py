@@ -24,9 +24,7 @@ def require_shared(cfg, hint: str = "") -> None:
     """The command talks to other processes: refuse the in-memory transport (it reaches no one
     outside this process) with one line saying what to set instead, plus ``hint``."""
     if cfg.type == "memory":
-        from prl.errors import UsageError
-
-        raise UsageError('transport.type is "memory", which reaches no other process; give this command the '
+        raise TransportError('transport.type is "memory", which reaches no other process; give this command the '
                          'deployment\'s config (--config kafka.toml with [transport] type = "kafka")' + hint)
 
 
