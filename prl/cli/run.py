@@ -125,12 +125,7 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     try:
         stopped_by_budget = train(learner, scheduler, background, budget, console, stop)
         background.stop()
-        if stop.is_set() and learner.saved_version != learner.version:
-            learner.save()  # the same command continues from here
-        evaluating = cfg.learner.eval_every or cfg.learner.eval_every_rollouts
-        if stopped_by_budget and evaluating and learner.heldout and learner.evaluated_at != learner.version:
-            learner.evaluate()  # with the generators stopped, evaluation has the machine to itself
-            console.update(learner, scheduler)
+        wind_down(cfg, learner, scheduler, console, stopped=stop.is_set(), by_budget=stopped_by_budget)
     finally:
         console.close()
         background.stop()
@@ -142,6 +137,17 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     summary = summarize(learner, start, first_step, budget.elapsed())
     log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
     return summary
+
+
+def wind_down(cfg, learner, scheduler, console: Console, stopped: bool, by_budget: bool) -> None:
+    """With the generators stopped: checkpoint a stopped run's last step (the same command
+    continues from it); evaluate once more a run its budget ended (the machine is its own)."""
+    if stopped and learner.saved_version != learner.version:
+        learner.save()
+    evaluating = cfg.learner.eval_every or cfg.learner.eval_every_rollouts
+    if by_budget and evaluating and learner.heldout and learner.evaluated_at != learner.version:
+        learner.evaluate()
+        console.update(learner, scheduler)
 
 
 def draw(cfg, metrics, scheduler) -> None:
