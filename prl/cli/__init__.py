@@ -71,17 +71,25 @@ def dispatch(args) -> int:
     return importlib.import_module(f"prl.cli.{COMMAND_MODULES[args.command]}").command(args, cfg)
 
 
+def replay_train_dir(args, cfg) -> str | None:
+    """The run directory `prl replay train` trains into (None for the other replay actions)."""
+    if getattr(args, "action", None) != "train":
+        return None
+    return args.out or cfg.run.run_dir.rstrip("/") + "/replay-train"
+
+
 def configure_logs(args, cfg) -> None:
-    """Services log to the console; `prl run` keeps the console to warnings (plus its own
-    progress lines) and writes everything to <run_dir>/prl.log."""
+    """Services log to the console; `prl run` and `prl replay train` keep the console to
+    warnings (plus their own progress lines) and write everything to <run_dir>/prl.log."""
     from prl import logs
 
-    if args.command == "run":
+    training_here = {"run": cfg.run.run_dir, "replay": replay_train_dir(args, cfg)}.get(args.command)
+    if training_here:
         from prl.cli.run import run_log
         from prl.storage import check_writable
 
-        check_writable(cfg.run.run_dir)  # the log file goes there
-        logs.configure(cfg.run.log_format, cfg.run.log_level, log_file=run_log(cfg.run.run_dir),
-                       console_level="debug" if args.verbose else "warning")
+        check_writable(training_here)  # the log file goes there
+        logs.configure(cfg.run.log_format, cfg.run.log_level, log_file=run_log(training_here),
+                       console_level="debug" if getattr(args, "verbose", False) else "warning")
     else:
         logs.configure(cfg.run.log_format, cfg.run.log_level)

@@ -265,7 +265,9 @@ def command(args, cfg) -> int:
         print(f"published {n} batches to {cfg.run.name}.batches")
         return 0
     else:
-        result = train(cfg, uri, args.out or cfg.run.run_dir.rstrip("/") + "/replay-train", progress)
+        from prl.cli import replay_train_dir
+
+        result = train(cfg, uri, replay_train_dir(args, cfg), progress)
         print(f"trained {result['steps']} steps on {result['batches']} archived batches into {result['run_dir']} "
               f"(last checkpoint {result['checkpoint']})")
     if args.json:

@@ -388,7 +388,8 @@ def test_replay_train_learns_from_the_archive_into_a_new_run_dir(tmp_path, capsy
     live = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     capsys.readouterr()
     assert main(["replay", "train", "--set", f"run.run_dir='{run}'", "--no-progress", "--out", str(tmp_path / "offline")]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "info" not in err and "learner" in (tmp_path / "offline" / "prl.log").read_text()  # the log is in the file
     steps = int(out.split()[1])
     assert out.startswith("trained ") and steps > 0 and (tmp_path / "offline" / "checkpoints" / "latest").exists()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == live
