@@ -37,6 +37,10 @@ def command(args, cfg) -> int:
     if cfg.transport.type != "memory":
         raise UsageError("prl run uses the in-memory transport; start services with prl scheduler|producer|learner")
     check_writable(cfg.run.run_dir)
+    done = checkpoint_step(cfg.run.run_dir)
+    if done is not None and done >= cfg.learner.max_steps:  # nothing to train: keep the finished run's summary
+        raise UsageError(f"{cfg.run.run_dir} holds a checkpoint of step {done}, at or past learner.max_steps "
+                         f"{cfg.learner.max_steps}: raise --max-steps to continue that run, or give a new --run-dir")
     clear_outputs(cfg.run.run_dir)
     with Interrupt() as interrupt:
         summary = run_pipeline(cfg, progress=not args.no_progress, stop=interrupt.event,
@@ -91,6 +95,19 @@ def run_log(run_dir: str) -> str | None:
     fs, path = fsspec.core.url_to_fs(run_dir)
     local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     return f"{path.rstrip('/')}/prl.log" if local else None
+
+
+def checkpoint_step(run_dir: str) -> int | None:
+    """The step of the run directory's latest checkpoint (None: none, or one the learner will
+    have to judge)."""
+    from learner.checkpoint import latest_uri, read_state
+    from prl.storage import StorageError
+
+    try:
+        uri = latest_uri(run_dir)
+        return int(read_state(uri)["step"]) if uri else None
+    except (StorageError, ValueError, KeyError, TypeError):
+        return None
 
 
 def clear_outputs(run_dir: str) -> None:

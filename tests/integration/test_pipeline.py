@@ -501,3 +501,7 @@ def test_prl_run_stopped_by_ctrl_c_checkpoints_its_step_and_continues(tmp_path, 
     assert main(argv[:3] + ["--max-steps", str(summary["steps"] + 2)] + argv[5:]) == 0
     again = json.loads((run_dir / "summary.json").read_text())
     assert again["first_step"] == summary["steps"] and again["steps"] == summary["steps"] + 2
+    capsys.readouterr()  # nothing left to train: one line, and the finished run's summary is kept
+    assert main(argv[:3] + ["--max-steps", str(summary["steps"])] + argv[5:]) == 2
+    assert "raise --max-steps" in capsys.readouterr().err
+    assert json.loads((run_dir / "summary.json").read_text()) == again
