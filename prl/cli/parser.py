@@ -51,6 +51,7 @@ def common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML config file (defaults: the built-in single-machine run)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override, e.g. --set learner.lr=1e-5 (repeatable)")
+    p.add_argument("--run-dir", help="the run's directory: checkpoints, metrics, archive, plots (overrides run.run_dir)")
     p.add_argument("--log-format", choices=["console", "json"], help="log lines for people or machines (run.log_format)")
     p.add_argument("--debug", action="store_true", help="show the traceback of a failure")
 
@@ -58,7 +59,6 @@ def common(p: argparse.ArgumentParser) -> None:
 def add_run(sub) -> None:
     run = sub.add_parser("run", help="the whole pipeline in one process (in-memory transport)")
     common(run)
-    run.add_argument("--run-dir", help="where checkpoints, metrics and plots go (overrides run.run_dir)")
     run.add_argument("--max-steps", type=count, help="learner steps (overrides learner.max_steps)")
     run.add_argument("--max-minutes", type=positive, help="stop after this much wall time, final evaluation included")
     run.add_argument("--no-progress", action="store_true", help="no progress bar or per-evaluation lines")

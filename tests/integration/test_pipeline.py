@@ -412,7 +412,7 @@ def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys
     out = capsys.readouterr().out
     assert out.startswith(f"{archived[0]} (group ") and "priority p(1-p) = " in out and "archived group(s):" in out
     assert "trained" in out and "rewards " in out
-    assert main(["explain", never, "--set", f"run.run_dir='{run}'"]) == 0
+    assert main(["explain", never, "--run-dir", run]) == 0  # every command takes --run-dir
     out = capsys.readouterr().out
     assert "never tried" in out and "no archived group" in out
 
