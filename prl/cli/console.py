@@ -71,6 +71,7 @@ def summary_table(summary: dict, files: list[str]) -> str:
         lines.append(f"  checkpoint of step {summary['steps']} written; the same command continues from it")
     start, end = summary.get("start", {}), summary.get("end", {})
     keys = [k for k in end if k.startswith("accuracy")]
+    keys = keys if len(keys) > 2 else keys[:1]  # one difficulty (a dataset without levels): its row is the overall one
     if keys:  # a continued run has no start column: its checkpoint is not evaluated again
         at = summary.get("evaluated_at", summary["steps"])
         end_label = "end" if at == summary["steps"] else f"step {at}"  # an interrupted run: its last evaluation

@@ -20,3 +20,19 @@ def test_a_continued_run_names_its_steps_and_shows_no_start_it_did_not_measure()
                                      "  held-out accuracy          end",
                                      "  overall                  0.400"]
     assert "nan" not in text
+
+
+def test_a_dataset_without_levels_shows_no_difficulty_row_repeating_overall():
+    text = summary_table({"seconds": 9, "steps": 4, "first_step": 0, "rollouts_generated": 896,
+                          "start": {"accuracy": 0.1, "accuracy_d0": 0.1}, "end": {"accuracy": 0.2, "accuracy_d0": 0.2}}, [])
+    assert "difficulty 0" not in text and "  overall                  0.100   0.200" in text.splitlines()
+
+
+def test_an_interrupted_run_says_what_stopped_it_how_to_go_on_and_when_it_was_last_evaluated():
+    text = summary_table({"seconds": 13, "steps": 53, "first_step": 0, "rollouts_generated": 6912,
+                          "interrupted_by": "SIGINT", "evaluated_at": 50,
+                          "start": {"accuracy": 0.332}, "end": {"accuracy": 0.394}}, ["a.png"])
+    assert text.splitlines()[:4] == ["prl run stopped by SIGINT after 13 s: 53 steps, 6,912 rollouts generated",
+                                     "  checkpoint of step 53 written; the same command continues from it",
+                                     "  held-out accuracy        start step 50",
+                                     "  overall                  0.332   0.394"]
