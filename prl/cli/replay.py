@@ -72,13 +72,21 @@ def version_row(version: int, groups: list[RolloutGroup]) -> dict:
             "signal_share": float(np.mean([has_signal(g.rewards) for g in groups]))}
 
 
+MAX_LINES = 10  # difficulties drawn as lines of their own in success_trajectories.png
+
+
 def success_by_difficulty(by_version: dict[int, list[RolloutGroup]]) -> dict[str, tuple[list[int], list[float]]]:
-    """Per difficulty: (policy versions, share of that version's rollouts that solved)."""
+    """Per difficulty: (policy versions, share of that version's rollouts that solved). Ids
+    without a difficulty prefix (a dataset's), or more difficulties than a legend can name,
+    make one line over all problems."""
+    labels = {g.problem_id: difficulty(g.problem_id) for gs in by_version.values() for g in gs}
+    if len(set(labels.values())) > MAX_LINES:
+        labels = dict.fromkeys(labels, "all problems")
     out: dict[str, tuple[list[int], list[float]]] = {}
-    for d in sorted({difficulty(g.problem_id) for gs in by_version.values() for g in gs}):
+    for d in sorted(set(labels.values())):
         xs, ys = [], []
         for v in sorted(by_version):
-            rs = [r > 0 for g in by_version[v] if difficulty(g.problem_id) == d for r in g.rewards]
+            rs = [r > 0 for g in by_version[v] if labels[g.problem_id] == d for r in g.rewards]
             if rs:
                 xs.append(v)
                 ys.append(float(np.mean(rs)))

@@ -46,3 +46,19 @@ def test_a_wrong_number_is_one_line(capsys, argv, line):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert line in err and "Traceback" not in err
+
+
+def test_success_trajectories_are_one_line_per_difficulty_or_one_for_a_dataset_without_them():
+    from dataclasses import replace
+
+    from prl.cli.replay import success_by_difficulty
+
+    groups = make_groups(60)
+    by_version = {}
+    for g in groups:
+        by_version.setdefault(g.policy_version, []).append(g)
+    assert sorted(success_by_difficulty(by_version)) == ["add1", "add2", "add3"]
+    dataset = {v: [replace(g, problem_id=f"basic_arithmetic-train-{g.dispatch_id}") for g in gs]
+               for v, gs in by_version.items()}  # ids without a difficulty prefix: 60 would-be lines
+    lines = success_by_difficulty(dataset)
+    assert list(lines) == ["all problems"] and len(lines["all problems"][0]) == len(by_version)
