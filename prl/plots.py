@@ -33,9 +33,10 @@ def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accura
     fig, ax = plt.subplots(figsize=(7, 4.2))
     x = [r.get("rollouts_generated", 0) for r in evals]
     keys = sorted({k for r in evals for k in r if k.startswith("learner/eval/accuracy_d")})
+    keys = keys if len(keys) > 1 else []  # one difficulty (a dataset without levels) is the mean itself
     ax.plot(x, [r["learner/eval/accuracy"] for r in evals], "k-o", lw=2, ms=3, label="mean over difficulties")
     for k in keys:
-        ax.plot(x, [r.get(k, float("nan")) for r in evals], "--", lw=1, label=f"{k.rsplit('_d', 1)[1]} digits")
+        ax.plot(x, [r.get(k, float("nan")) for r in evals], "--", lw=1, label=f"difficulty {k.rsplit('_d', 1)[1]}")
     ax.set_xlabel("rollouts generated")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.set_ylim(-0.02, 1.02)
