@@ -41,7 +41,7 @@ def run_cli(argv) -> int:
 @pytest.mark.parametrize("argv, start", [
     (["run", "--set", "task.name='dataset'", "--set", "task.train_path='{bad}'"], "prl run: {bad}: row 2: missing column 'answer'"),
     (["run", "--set", "learner.lr=5"], "prl run: invalid configuration: learner.lr: Input should be less than 1"),
-    (["run", "--max-steps", "many"], "prl run: argument --max-steps: invalid int value: 'many'"),
+    (["run", "--max-steps", "many"], "prl run: argument --max-steps: 'many' is not a whole number >= 1"),
     (["inspect", "tail", "nosuch", "--set", "transport.type='kafka'"], "prl inspect tail: unknown topic kind 'nosuch'"),
 ], ids=["dataset row", "config value", "argument", "topic kind"])
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, start):
