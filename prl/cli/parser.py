@@ -57,7 +57,9 @@ def common(p: argparse.ArgumentParser) -> None:
 
 
 def add_run(sub) -> None:
-    run = sub.add_parser("run", help="the whole pipeline in one process (in-memory transport)")
+    run = sub.add_parser("run", help="the whole pipeline in one process (in-memory transport)",
+                         description="The whole pipeline in one process. Ctrl-C stops after the step in progress with "
+                                     "a checkpoint of it; the same command continues from the run directory's checkpoint.")
     common(run)
     run.add_argument("--max-steps", type=count, help="learner steps (overrides learner.max_steps)")
     run.add_argument("--max-minutes", type=positive, help="stop after this much wall time, final evaluation included")
