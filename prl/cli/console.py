@@ -68,7 +68,8 @@ def summary_table(summary: dict, files: list[str]) -> str:
     how = f"stopped by {summary['interrupted_by']} after" if summary.get("interrupted_by") else "finished in"
     lines = [f"prl run {how} {summary['seconds']:.0f} s: {steps}, {summary['rollouts_generated']:,} rollouts generated"]
     if summary.get("interrupted_by"):
-        lines.append(f"  checkpoint of step {summary['steps']} written; the same command continues from it")
+        lines.append(f"  checkpoint of step {summary['steps']} written; the same command continues from it"
+                     if summary["steps"] else "  nothing trained yet; the same command starts again")
     start, end = summary.get("start", {}), summary.get("end", {})
     keys = [k for k in end if k.startswith("accuracy")]
     keys = keys if len(keys) > 2 else keys[:1]  # one difficulty (a dataset without levels): its row is the overall one

@@ -36,3 +36,7 @@ def test_an_interrupted_run_says_what_stopped_it_how_to_go_on_and_when_it_was_la
                                      "  checkpoint of step 53 written; the same command continues from it",
                                      "  held-out accuracy        start step 50",
                                      "  overall                  0.332   0.394"]
+
+    before_any_step = summary_table({"seconds": 4, "steps": 0, "first_step": 0, "rollouts_generated": 0,
+                                     "interrupted_by": "SIGTERM", "start": {}, "end": {}}, [])
+    assert before_any_step.splitlines()[1] == "  nothing trained yet; the same command starts again"
