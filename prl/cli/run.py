@@ -42,7 +42,7 @@ def command(args, cfg) -> int:
         raise UsageError(f"{cfg.run.run_dir} holds a checkpoint of step {done}, at or past learner.max_steps "
                          f"{cfg.learner.max_steps}: raise --max-steps to continue that run, or give a new --run-dir")
     clear_outputs(cfg.run.run_dir)
-    with Interrupt() as interrupt:
+    with Interrupt(json_lines=cfg.run.log_format == "json") as interrupt:
         summary = run_pipeline(cfg, progress=not args.no_progress, stop=interrupt.event,
                                max_seconds=args.max_minutes * 60 if args.max_minutes else None)
     summary["interrupted_by"] = interrupt.signal_name
@@ -65,8 +65,9 @@ class Interrupt:
 
     CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal's number, as shells report it
 
-    def __init__(self):
+    def __init__(self, json_lines: bool = False):
         self.event, self.signal_name, self.previous = threading.Event(), None, {}
+        self.json_lines = json_lines  # --log-format json: every console line is JSON
 
     def __enter__(self) -> "Interrupt":
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
@@ -79,7 +80,10 @@ class Interrupt:
             raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
         self.event.set()
-        print(f"\n{self.signal_name}: stopping after this step (again to stop at once)", file=sys.stderr)
+        if self.json_lines:
+            print(json.dumps({"event": "stopping_after_this_step", "signal": self.signal_name}), file=sys.stderr)
+        else:
+            print(f"\n{self.signal_name}: stopping after this step (again to stop at once)", file=sys.stderr)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
