@@ -19,9 +19,9 @@ from prl.servers import Process, wait_until, write_kafka_config
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
-def write_config(path, broker, run_name, run_dir, max_steps):
+def write_config(path, broker, run_name, run_dir, max_steps, checkpoint_every=1):
     return write_kafka_config(path, broker.bootstrap, run_name, run_dir, scheduler={"filter_zero_variance": False},
-                              learner={"max_steps": max_steps, "eval_every": 2})
+                              learner={"max_steps": max_steps, "eval_every": 2, "checkpoint_every": checkpoint_every})
 
 
 def start(service, config, log_dir):
@@ -32,18 +32,21 @@ def start(service, config, log_dir):
 def test_services_over_kafka(kafka_broker, run_name, tmp_path):
     run_dir = tmp_path / "run"
     config = tmp_path / "config.toml"
-    write_config(config, kafka_broker, run_name, f"file://{run_dir}", max_steps=4)
+    # checkpoints at steps 2, 4 and 5, as deployments checkpoint every few steps (versions 1 and 3
+    # are announced without weights; announced with the last checkpoint's, the run stalled)
+    write_config(config, kafka_broker, run_name, f"file://{run_dir}", max_steps=5, checkpoint_every=2)
     procs = {name: start(name, config, tmp_path) for name in ("scheduler", "producer", "learner")}
-    try:  # the learner stops after 4 steps; scheduler and producer see it and finish too
+    try:  # the learner stops after 5 steps; scheduler and producer see it and finish too
         wait_until(lambda: all(p.proc.poll() is not None for p in procs.values()), 240, "every service to finish", 0.5)
     finally:
         for p in procs.values():
             p.stop()
     for name, p in procs.items():
         assert p.proc.returncode == 0, f"{name} exited {p.proc.returncode}"
-    assert_checkpoints(run_dir, last_step=4)
+    assert_checkpoints(run_dir, last_step=5)
     assert_rollouts_carry_policy_versions(kafka_broker, run_name)
     assert_no_error_logged(procs)
+    assert not [n for n, p in procs.items() if "dead_lettered" in p.log_path.read_text()]  # a clean run refuses nothing
     from prl.cli.inspect import report
 
     pngs = report(f"file://{run_dir}")  # every service's metrics, one page; the learning curve
