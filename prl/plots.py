@@ -30,7 +30,7 @@ def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accura
     evals = [r for r in rows if "learner/eval/accuracy" in r]
     if not evals:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
     x = [r.get("rollouts_generated", 0) for r in evals]
     keys = sorted({k for r in evals for k in r if k.startswith("learner/eval/accuracy_d")})
     keys = keys if len(keys) > 1 else []  # one difficulty (a dataset without levels) is the mean itself
@@ -42,7 +42,7 @@ def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accura
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside the axes: no line hidden under it
     save_png(fig, out_uri, dpi=110)
     return True
 
