@@ -21,6 +21,7 @@ import time
 from benchmarks.common import count, write_json
 
 SIZES = {"135M": 135e6, "1.7B": 1.7e9, "8B": 8.0e9}
+SMALL_MB = 50  # below this a write or read is mostly per-request latency, not bandwidth
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -124,6 +125,9 @@ def print_report(model: str, r: dict) -> None:
     if r["vllm"]:
         print(f"vLLM engine, in-place reload from the checkpoint: {r['vllm']['reload_s']:.2f} s")
     s3 = r["s3"]
+    if mb < SMALL_MB:
+        print(f"note: {mb:.0f} MB is too small to measure bandwidth (each request's latency dominates), so the "
+              f"times below are too high; --model an imported SmolLM2-135M-Instruct gives real rates")
     print("per version at these rates (bf16 weights; write once, every producer reads in parallel):")
     for name, params in SIZES.items():
         nbytes = 2 * params
