@@ -33,7 +33,7 @@ def test_services_over_kafka(kafka_broker, run_name, tmp_path):
     run_dir = tmp_path / "run"
     config = tmp_path / "config.toml"
     # checkpoints at steps 2, 4 and 5, as deployments checkpoint every few steps (versions 1 and 3
-    # are announced without weights; announced with the last checkpoint's, the run stalled)
+    # are announced without weights; announced with the last checkpoint's, they were refused)
     write_config(config, kafka_broker, run_name, f"file://{run_dir}", max_steps=5, checkpoint_every=2)
     procs = {name: start(name, config, tmp_path) for name in ("scheduler", "producer", "learner")}
     try:  # the learner stops after 5 steps; scheduler and producer see it and finish too
