@@ -33,10 +33,24 @@ finite = number_type(float, math.isfinite, "a finite number")  # rewards
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: what was wrong and where the help is."""
+    """argparse with one-line errors: what was wrong and where the help is, named after the
+    (sub)command that was given it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.set_defaults(parsed_by=self.prog)  # the innermost (sub)command's default wins
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, except that arguments left over are refused by the subcommand that
+        was given them (argparse names the top-level ``prl``)."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            prog = getattr(parsed, "parsed_by", self.prog)
+            self.exit(2, f"{prog}: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
