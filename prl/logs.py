@@ -1,5 +1,5 @@
 """Logging, configured once per process: structlog events and the libraries' own loggers
-(kafka-python, transformers, vLLM) go through the same handlers and the same renderer.
+(kafka-python, transformers, vLLM, the S3 clients) go through the same handlers and the same renderer.
 
 - ``console`` format: lines for people; ``json``: one JSON object per line, nothing else.
 - The console shows ``console_level`` and above; with ``log_file`` every event at ``level``
@@ -21,7 +21,7 @@ SHARED = [
     structlog.stdlib.add_logger_name,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
 ]
-LIBRARIES = ("kafka", "transformers", "vllm", "urllib3", "botocore", "s3fs", "fsspec", "httpx", "filelock")
+LIBRARIES = ("kafka", "transformers", "vllm", "urllib3", "botocore", "aiobotocore", "s3fs", "fsspec", "httpx", "filelock")
 
 
 def configure(fmt: str = "console", level: str = "info", log_file: str | None = None,
