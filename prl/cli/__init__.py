@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import select
+import signal
 import sys
 
 from prl.cli.parser import build_parser
@@ -41,9 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     (``--debug`` shows the traceback)."""
     args = build_parser().parse_args(argv)
     try:
-        return dispatch(args)
+        code = dispatch(args)
+        sys.stdout.flush()  # a reader that left (`prl ... | head`) is met here, not at exit
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not reader_left():
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
+        return 128 + signal.SIGPIPE  # what a shell reports for a Unix tool whose reader left
     except Exception as exc:
         from prl.errors import one_line, user_errors
 
@@ -52,6 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         where = " ".join(filter(None, ["prl", args.command, getattr(args, "action", None)]))
         print(f"{where}: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def reader_left() -> bool:
+    """Whether stdout is a pipe nobody reads any more (`prl inspect tail ... | head` after
+    head is done), as opposed to a broken connection elsewhere."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll on this platform, or no real stdout
+        return False
 
 
 def dispatch(args) -> int:

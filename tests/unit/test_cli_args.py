@@ -20,3 +20,20 @@ def test_an_unknown_argument_names_the_command_it_was_given_to(capsys, argv, pro
     err = capsys.readouterr().err
     extra = " ".join(argv[argv.index("--bogus"):])
     assert err == f"{prog}: unrecognized arguments: {extra} (see {prog} --help)\n"
+
+
+def test_output_piped_to_a_reader_that_left_ends_quietly():
+    """`prl ... | head`: when the reader has gone, the command stops without a traceback and
+    with the shell's code for it (128 + SIGPIPE), like any Unix tool."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has left before the command writes
+    try:
+        done = subprocess.run([sys.executable, "-m", "prl.cli", "config"], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert done.stderr == "" and done.returncode == 141
