@@ -26,10 +26,10 @@ from schemas import RolloutGroup, TrainBatch
 STRATEGIES = ("uniform", "dapo_filter", "success_variance")
 
 
-def _progress(total: int, desc: str, enabled: bool = True):
+def _progress(total: int, desc: str, enabled: bool = True, unit: str = "group"):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="group", dynamic_ncols=True, disable=not enabled)
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, disable=not enabled)
 
 
 def load_groups(uri: str) -> list[RolloutGroup]:
@@ -210,7 +210,7 @@ def publish(cfg, transport, uri: str, rate: float, progress: bool = True) -> int
     batches = to_batches(load_groups(uri), cfg.scheduler.groups_per_batch, cfg.scheduler.max_batch_tokens)
     transport.ensure_topics(cfg.run.name)
     pub = transport.publisher()
-    with _progress(len(batches), "publish", progress) as bar:
+    with _progress(len(batches), "publish", progress, unit="batch") as bar:
         for b in batches:
             t0 = time.monotonic()
             pub.publish(topic_name(cfg.run.name, BATCHES), encode(b), headers=headers(b))
@@ -242,10 +242,11 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
             "run": cfg.run.model_copy(update={"run_dir": out_dir}),
             "learner": cfg.learner.model_copy(update={"batches_from": path, "max_steps": max(1, len(batches))})})
         learner = Learner(cfg, MemoryTransport())
-        with _progress(len(batches), "train", progress) as bar:
-            while not learner.step():
-                bar.n = learner.version
-                bar.refresh()
+        with _progress(len(batches), "train", progress, unit="batch") as bar:
+            done = False
+            while not done:
+                done = learner.step()
+                bar.update(learner.version - bar.n)
         learner.close()
     return {"batches": len(batches), "steps": learner.version, "run_dir": out_dir, "checkpoint": learner.checkpoint_uri}
 

@@ -387,10 +387,11 @@ def test_replay_train_learns_from_the_archive_into_a_new_run_dir(tmp_path, capsy
     assert main(["run", "--run-dir", run, "--max-steps", "3", "--no-progress", "--set", "learner.eval_every=0"]) == 0
     live = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     capsys.readouterr()
-    assert main(["replay", "train", "--set", f"run.run_dir='{run}'", "--no-progress", "--out", str(tmp_path / "offline")]) == 0
+    assert main(["replay", "train", "--set", f"run.run_dir='{run}'", "--out", str(tmp_path / "offline")]) == 0
     out, err = capsys.readouterr()
     assert "info" not in err and "learner" in (tmp_path / "offline" / "prl.log").read_text()  # the log is in the file
     steps = int(out.split()[1])
+    assert "train: 100%" in err and f"{steps}/{steps}" in err and "batch/s" in err  # the bar counts batches to the end
     assert out.startswith("trained ") and steps > 0 and (tmp_path / "offline" / "checkpoints" / "latest").exists()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == live
     assert main(["replay", "train", "--set", f"run.run_dir='{run}'", "--no-progress", "--out", run]) == 2
