@@ -41,18 +41,20 @@ class MetricsSink:
         self.trackers = trackers or []
         fs, root = fsspec.core.url_to_fs(run_dir)
         self._local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
-        self.path = f"{root.rstrip('/')}/{filename}"
+        self._fs_path = f"{root.rstrip('/')}/{filename}"
         if self._local:
             Path(root).mkdir(parents=True, exist_ok=True)
-            end_torn_line(Path(self.path))
+            end_torn_line(Path(self._fs_path))
         else:
             stem, _, ext = filename.rpartition(".")
-            self.path = f"{root.rstrip('/')}/{stem}.{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**6:06d}.{ext}"
+            self._fs_path = f"{root.rstrip('/')}/{stem}.{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**6:06d}.{ext}"
             atexit.register(self.flush)
+        self.path = self._fs_path if self._local else fs.unstrip_protocol(self._fs_path)  # what read_metrics opens
         self._flushed_at = 0.0
         self._lock = threading.Lock()
         self._fs = fs
-        self._buffer: list[str] = []
+        self._buffer: list[str] = []  # every line of this process's part: a part is rewritten whole
+        self._unflushed = False
 
     def write(self, service: str, values: dict, **context) -> None:
         """One line: time, service, context (step, version, ...) and ``service/key`` values."""
@@ -65,10 +67,11 @@ class MetricsSink:
             for tracker in self.trackers:
                 tracker.log(scalars, step)
             if self._local:
-                with open(self.path, "a") as f:
+                with open(self._fs_path, "a") as f:
                     f.write(text + "\n")
             else:
                 self._buffer.append(text)
+                self._unflushed = True
                 if time.monotonic() - self._flushed_at >= FLUSH_EVERY_S:
                     self._flush_locked()
 
@@ -80,19 +83,28 @@ class MetricsSink:
 
     def flush(self) -> None:
         with self._lock:
-            if not self._local and self._buffer:
+            if self._unflushed:
                 self._flush_locked()
 
     def close(self) -> None:
         self.flush()
+        atexit.unregister(self.flush)
         with self._lock:
             for tracker in self.trackers:
                 tracker.close()
             self.trackers = []
 
     def _flush_locked(self) -> None:
-        self._fs.pipe_file(self.path, ("\n".join(self._buffer) + "\n").encode())
-        self._flushed_at = time.monotonic()
+        self._fs.pipe_file(self._fs_path, ("\n".join(self._buffer) + "\n").encode())
+        self._flushed_at, self._unflushed = time.monotonic(), False
+
+
+def read_run_metrics(run_dir: str) -> list[dict]:
+    """Every line of every metrics file under ``run_dir`` (metrics*.jsonl: the services' and
+    each process's parts on object stores), in time order."""
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    files = sorted(fs.glob(f"{path.rstrip('/')}/metrics*.jsonl"))
+    return sorted((r for f in files for r in read_metrics(fs.unstrip_protocol(f))), key=lambda r: r.get("time", 0))
 
 
 def read_metrics(path: str) -> list[dict]:

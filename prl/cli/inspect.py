@@ -14,7 +14,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
 
 from prl.errors import UsageError
@@ -290,15 +289,12 @@ def report(run_dir: str) -> list[str]:
     """Every service's metrics under ``run_dir`` (metrics*.jsonl, parts included) drawn as
     learning_curve.png (when the learner evaluated) and run_report.png there; returns the
     PNG paths written."""
-    from prl.metrics import read_metrics
+    from prl.metrics import read_run_metrics
     from prl.plots import learning_curve, run_report
 
-    fs, path = fsspec.core.url_to_fs(run_dir)
-    files = sorted(fs.glob(f"{path.rstrip('/')}/metrics*.jsonl"))
-    if not files:
+    rows = read_run_metrics(run_dir)
+    if not rows:
         raise UsageError(f"no metrics*.jsonl under {run_dir}: is run.run_dir the run's directory?")
-    prefix = run_dir.split("://", 1)[0] + "://" if "://" in run_dir else ""
-    rows = sorted((r for f in files for r in read_metrics(prefix + f)), key=lambda r: r.get("time", 0))
     curve, page = f"{run_dir.rstrip('/')}/learning_curve.png", f"{run_dir.rstrip('/')}/run_report.png"
     run_report(rows, page)
     return [curve, page] if learning_curve(rows, curve) else [page]

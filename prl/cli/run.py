@@ -18,7 +18,7 @@ import structlog
 
 from prl.cli.console import Console, summary_table
 from prl.errors import UsageError
-from prl.metrics import MetricsSink, read_metrics
+from prl.metrics import MetricsSink, read_run_metrics
 from prl.plots import learning_curve, priority_histogram
 from prl.service import ServiceStopped
 from prl.storage import check_writable
@@ -154,7 +154,7 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
         metrics.close()
     if background.failures:
         raise background.failures[0]
-    draw(cfg, metrics, scheduler)
+    draw(cfg, scheduler)
     summary = summarize(learner, start, first_step, budget.elapsed())
     log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
     return summary
@@ -171,9 +171,9 @@ def wind_down(cfg, learner, scheduler, console: Console, stopped: bool, by_budge
         console.update(learner, scheduler)
 
 
-def draw(cfg, metrics, scheduler) -> None:
+def draw(cfg, scheduler) -> None:
     run_dir = cfg.run.run_dir.rstrip("/")
-    learning_curve(read_metrics(metrics.path), f"{run_dir}/learning_curve.png")
+    learning_curve(read_run_metrics(run_dir), f"{run_dir}/learning_curve.png")
     priority_histogram(scheduler.sampler.priorities(), scheduler.sampler.success_rates(), f"{run_dir}/priority_histogram.png",
                        f"scheduler at the end ({cfg.scheduler.strategy})")
 

@@ -161,3 +161,23 @@ def assert_published_archive_trains_a_learner(uri: str, groups, kafka_broker, ru
     assert learner.version == 12
     assert set(learner.trained) == {f"{g.dispatch_id}/{i}" for g in groups for i in range(4)}
     assert learner.counters.get("stale_dropped", 0) == 0 and learner.counters.get("repeat_dropped", 0) == 0
+
+
+def test_prl_run_on_s3_draws_its_curve_from_every_part_and_continues(s3_env, tmp_path, capsys):
+    """`prl run --run-dir s3://...`: an object store cannot append, so each process writes its
+    own metrics part; the run's learning curve and `prl inspect report` read every part (the
+    run crashed drawing its curve: it opened the part's path without s3://)."""
+    from prl.cli import main
+    from prl.metrics import read_run_metrics
+
+    run = f"s3://prl-archive/{tmp_path.name}/run"
+    for steps in (2, 4):  # the second command continues the first run
+        assert main(["run", "--run-dir", run, "--max-steps", str(steps), "--no-progress",
+                     "--set", "learner.eval_every=1"]) == 0
+    assert "learning_curve.png" in capsys.readouterr().err
+    fs = fsspec.filesystem("s3")
+    assert len(fs.glob(f"prl-archive/{tmp_path.name}/run/metrics.*.jsonl")) == 2
+    assert fs.exists(f"prl-archive/{tmp_path.name}/run/learning_curve.png")
+    steps = [r["step"] for r in read_run_metrics(run) if "learner/eval/accuracy" in r]
+    assert steps == [0, 1, 2, 3, 4]
+    assert json.loads(fs.cat_file(f"prl-archive/{tmp_path.name}/run/summary.json"))["steps"] == 4
