@@ -22,9 +22,29 @@ def user_errors() -> tuple[type, ...]:
     from schemas.config import ConfigError
 
     return (UsageError, ConfigError, DatasetError, DataError, StorageError, TransportError, ImportFailed, KeyMissing,
-            CheckpointRejected, ServiceStopped, FileNotFoundError, PermissionError, NotADirectoryError)
+            CheckpointRejected, ServiceStopped, FileNotFoundError, PermissionError, NotADirectoryError,
+            *object_store_errors())
+
+
+def object_store_errors() -> tuple[type, ...]:
+    """An S3 endpoint that cannot be reached, or no credentials for it (botocore's, when the
+    s3 extra is installed; s3fs turns a missing bucket or key and a refusal into
+    FileNotFoundError and PermissionError itself)."""
+    try:
+        from botocore.exceptions import EndpointConnectionError, NoCredentialsError
+    except ImportError:
+        return ()
+    return (EndpointConnectionError, NoCredentialsError)
+
+
+HINTS = {  # exception class name -> what to change, after the library's own message
+    "EndpointConnectionError": "for an S3-compatible store set AWS_ENDPOINT_URL",
+    "NoCredentialsError": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or another source of the AWS chain)",
+}
 
 
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
+    if type(exc).__name__ in HINTS:
+        text += f"; {HINTS[type(exc).__name__]}"
     return text if len(text) <= 600 else text[:597] + "..."

@@ -56,3 +56,30 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, start):
     if "many" not in argv:
         with pytest.raises(Exception):
             main(argv + ["--debug"])
+
+
+@pytest.mark.parametrize("problem", ["unreachable endpoint", "no credentials"])
+@pytest.mark.parametrize("command", [["replay", "report", "s3://runs/demo/archive"], ["inspect", "report"]], ids=" ".join)
+def test_an_object_store_that_cannot_be_used_is_one_line_with_the_fix(tmp_path, capsys, monkeypatch, problem, command):
+    """Reading a run or an archive on S3 without a reachable endpoint or without credentials
+    (they were tracebacks); the lines name the variables to set."""
+    import fsspec
+
+    fsspec.filesystem("s3").clear_instance_cache()
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    if problem == "no credentials":
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+        fix = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    else:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        fix = "Could not connect to the endpoint URL"
+    try:
+        assert main([*command, "--run-dir", "s3://runs/demo"]) == 2
+    finally:
+        fsspec.filesystem("s3").clear_instance_cache()  # no instance with this endpoint outlives the test
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"prl {command[0]} {command[1]}: ") and fix in err
