@@ -7,6 +7,8 @@ Strategies (all through the same scheduler, replay and learner):
   (generates until a batch is full of groups with a signal): the strongest cheap baseline;
 - ``priority_flat``: problem priority p(1-p) with a flat prior: no labels at all, on a training
   pool small enough to be revisited several times within the budget (the seed method);
+- ``priority_pooled``: the same with the pooled prior: still no label, an unseen problem starts
+  at the pool's own first-visit success rate (empirical Bayes) instead of p = 1/2;
 - ``priority_group``: the same with the group prior (the task's difficulty label);
 - ``priority_shuffled``: the group prior with the labels permuted across problems: if it
   does as well as ``priority_group``, the label carried nothing;
@@ -48,6 +50,7 @@ STRATEGIES = {
     "uniform": ["scheduler.strategy='uniform'", NO_REPLAY],
     "dapo_filter": ["scheduler.strategy='dapo_filter'", NO_REPLAY],
     "priority_flat": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='flat'", NO_REPLAY],
+    "priority_pooled": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='pooled'", NO_REPLAY],
     "priority_group": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", NO_REPLAY],
     "priority_shuffled": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'",
                           "scheduler.priority.shuffle_groups=true", NO_REPLAY],

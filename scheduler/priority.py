@@ -8,7 +8,9 @@ with numpy views for vectorised work), not in one Python object per problem.
   new results drifts back toward its prior; (a, b) is a flat Beta(alpha, beta) or the
   problem's group rate as ``pseudo_count`` attempts. The group rate counts each problem's
   *first* group only: an estimate of how a never-tried problem of the group does, which
-  retests of the group's hard problems cannot drive down.
+  retests of the group's hard problems cannot drive down. ``pooled`` is the group prior
+  with one group of every problem: no label, the pool's own first-visit rate (empirical
+  Bayes), so an unseen problem no longer outranks a problem known to be of medium difficulty.
 - **Priority** p(1-p) (``prl.formulas.bernoulli_variance``).
 - **Sampling in proportion to priority** (``gumbel`` mode), whatever the call size and
   history: every choosable problem holds an exponential clock in virtual time; a clock set
@@ -58,7 +60,10 @@ class PrioritySampler:
     def __init__(self, groups, cfg, seed: int = 0):
         """``groups[i]``: the prior group (e.g. difficulty) of problem i, small ints >= 0."""
         groups = np.asarray(groups, dtype=np.int32)
+        if cfg.prior == "pooled":
+            groups = np.zeros_like(groups)  # one group: the pool's rate, no label
         self.cfg = cfg
+        self.shared_prior = cfg.prior != "flat"  # the prior is a group's rate
         self.n = n = len(groups)
         self.rng = np.random.default_rng(seed)
         for name, code in self.CODES.items():
@@ -88,7 +93,7 @@ class PrioritySampler:
 
     def prior(self, idx) -> tuple:
         """(a, b): the Beta prior of problems ``idx``."""
-        if self.cfg.prior == "group":
+        if self.shared_prior:
             rates = self.group_rate(self._group_np[idx])
             return self.cfg.pseudo_count * rates, self.cfg.pseudo_count * (1 - rates)
         return self.cfg.alpha, self.cfg.beta
@@ -107,7 +112,7 @@ class PrioritySampler:
         return float(self.priorities(np.asarray([i]))[0])
 
     def unseen_priority(self, g: int) -> float:
-        p = self.group_rate(g) if self.cfg.prior == "group" else success_estimate(0, 0, self.cfg.alpha, self.cfg.beta)
+        p = self.group_rate(g) if self.shared_prior else success_estimate(0, 0, self.cfg.alpha, self.cfg.beta)
         return float(bernoulli_variance(p))
 
     def unseen_left(self, g: int) -> int:
@@ -214,7 +219,7 @@ class PrioritySampler:
             groups = self._group_np[idx[first]]
             self.group_successes += np.bincount(groups, solved[first], self.num_groups)
             self.group_attempts += np.bincount(groups, attempts[first], self.num_groups)
-            if self.cfg.prior == "group":
+            if self.shared_prior:
                 self._arm_groups(np.unique(groups).tolist())
 
     def _route(self, idx, solved, attempts) -> None:

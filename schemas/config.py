@@ -88,10 +88,10 @@ class SamplingConfig(Section):
 class PriorityConfig(Section):
     """Problem priority p(1-p) (strategy success_variance); see scheduler/priority.py."""
 
-    prior: Literal["flat", "group"] = Field("group", description="Beta prior of an unseen problem: flat Beta(alpha, beta), or its group's pooled rate.")
+    prior: Literal["flat", "group", "pooled"] = Field("group", description="Beta prior of an unseen problem: flat Beta(alpha, beta); its group's rate (the task's group_field, e.g. difficulty); or pooled: the whole pool's rate, one group, so no label is needed (empirical Bayes: an unseen problem is expected to do as the pool's problems did on their first visit, not at p = 1/2).")
     alpha: float = Field(1.0, gt=0, description="Flat prior successes.")
     beta: float = Field(1.0, gt=0, description="Flat prior failures.")
-    pseudo_count: float = Field(2.0, gt=0, description="Weight, in attempts, of the group's pooled rate (prior = group).")
+    pseudo_count: float = Field(2.0, gt=0, description="Weight, in attempts, of the group's (or pool's) rate (prior = group or pooled).")
     half_life_versions: float = Field(0.0, ge=0, description="Exponential decay of old outcomes, in policy versions (0: none); applied when priorities are read, so a problem without new results drifts back to its prior.")
     mode: Literal["greedy", "gumbel"] = Field("gumbel", description="greedy: highest priority first; gumbel: each pick in proportion to priority among the problems choosable then (exponential clocks).")
     shuffle_groups: bool = Field(False, description="A control for the group prior: the task's group labels permuted across problems (same group sizes, no information).")

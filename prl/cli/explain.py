@@ -49,6 +49,9 @@ def restore_sampler(cfg, problems, state: dict):
     return sampler, [names[g] for g in labels]
 
 
+PRIOR_SOURCE = {"group": "from its group", "pooled": "from the whole pool", "flat": "flat"}
+
+
 def why(s, i: int, cfg) -> list[str]:
     """The sampler's view of problem i: its state, estimate, priority and what follows."""
     st, prio = int(s.state[i]), s.priority(i)
@@ -57,8 +60,8 @@ def why(s, i: int, cfg) -> list[str]:
     out = [f"  state: {STATES[st]}" + (" (never tried)" if s.last_tested[i] < 0 and st == 0 else ""),
            f"  outcomes: {s.successes[i]:g} solved of {s.attempts[i]:g} rollouts"
            f"{' (decayed to version ' + str(s.version) + ')' if cfg.priority.half_life_versions else ''}, last tested at version "
-           f"{s.last_tested[i]}; prior Beta({a:.2f}, {b:.2f}) from {'its group' if cfg.priority.prior == 'group' else 'flat'}"
-           f" (group rate {float(s.group_rate(g)):.3f} over the group's first tries)",
+           f"{s.last_tested[i]}; prior Beta({a:.2f}, {b:.2f}) {PRIOR_SOURCE[cfg.priority.prior]}"
+           f" ({'pool' if cfg.priority.prior == 'pooled' else 'group'} rate {float(s.group_rate(g)):.3f} over first tries)",
            f"  priority p(1-p) = {prio:.4f}"]
     if st == 0:
         choosable = np.flatnonzero(s._state_np == 0)

@@ -20,7 +20,7 @@ outcomes = st.lists(st.tuples(st.integers(0, 8), st.integers(1, 6)), min_size=1,
 
 
 @settings(max_examples=60, deadline=None)
-@given(outcomes, st.sampled_from(["greedy", "gumbel"]), st.sampled_from(["flat", "group"]), st.integers(0, 99))
+@given(outcomes, st.sampled_from(["greedy", "gumbel"]), st.sampled_from(["flat", "group", "pooled"]), st.integers(0, 99))
 def test_in_flight_problem_never_dispatched_twice(seq, mode, prior, seed):
     s = sampler(seed=seed, mode=mode, prior=prior, retest_interval=2, retest_share=0.5)
     in_flight: set[int] = set()
@@ -117,6 +117,24 @@ def test_group_prior_moves_unseen_priority():
         if s.group[i] == 0:
             s.observe(i, [0.0] * 8, 0)  # group 0 looks hopeless
     assert s.unseen_priority(0) < before
+
+
+def test_pooled_prior_is_the_pools_first_visit_rate_whatever_the_labels():
+    """prior = pooled needs no label: every unseen problem, whatever its group label, starts
+    at the pool's rate over first visits, as a pseudo-count; a flat prior stays at p = 1/2."""
+    s, flat = sampler(n=40, groups=4, prior="pooled", pseudo_count=2.0), sampler(n=40, groups=4, prior="flat")
+    assert s.unseen_priority(0) == pytest.approx(0.25)
+    first = s.next(10)
+    for j, i in enumerate(first):
+        s.observe(i, [1.0] * (2 if j % 2 else 0) + [0.0] * (8 - (2 if j % 2 else 0)), 0)  # 10 of 80 solved
+    rate = (10 + 1) / (80 + 2)  # the pool's first-visit rate under its Beta(1, 1)
+    unseen = [i for i in range(40) if s.last_tested[i] < 0]
+    assert {int(s.group[i]) for i in range(40)} == {0}
+    assert s.priorities(np.asarray(unseen)) == pytest.approx(rate * (1 - rate))
+    assert flat.priority(0) == pytest.approx(0.25)
+    mixed = first[1]  # 2 of 8 solved, then 2 pseudo-attempts at the pool's rate
+    p = (2 + 2 * rate) / (8 + 2)
+    assert s.priority(mixed) == pytest.approx(p * (1 - p))
 
 
 def steady_state_picks(s, rates, calls: int, rng) -> tuple[np.ndarray, np.ndarray]:
