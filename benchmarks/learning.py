@@ -14,7 +14,8 @@ Strategies (all through the same scheduler, replay and learner):
   does as well as ``priority_group``, the label carried nothing;
 - ``replay_alone``: uniform choice with rollout replay (tau_max, advantage priority);
 - ``naive_replay``: uniform choice with replay drawn uniformly from the buffer and no age rule;
-- ``full``: group prior, retest, rollout replay.
+- ``full``: group prior, retest, rollout replay;
+- ``full_pooled``: the full method without a label: pooled prior, retest, rollout replay.
 Every strategy but DAPO takes one optimizer step per ``groups_per_batch`` groups generated.
 Every run is evaluated every ``--eval-every`` rollouts generated (not steps), so strategies
 are compared at equal generation cost. Reported: rollouts to each target (median over seeds,
@@ -58,6 +59,7 @@ STRATEGIES = {
     "naive_replay": ["scheduler.strategy='uniform'", "scheduler.replay.enabled=true", "scheduler.replay.alpha=0.0",
                      "scheduler.tau_max=1000000"],
     "full": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", "scheduler.replay.enabled=true"],
+    "full_pooled": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='pooled'", "scheduler.replay.enabled=true"],
 }
 # The same for every strategy: 8 groups x 8 completions per step, few checkpoints kept, no
 # archive or snapshots.
@@ -178,23 +180,59 @@ def table(results: dict[str, list[dict]], targets: list[float], budget: int) -> 
     return out
 
 
-def goals(t: dict, targets: list[float]) -> list[str]:
+def bootstrap_interval(statistic, a: list, b: list, level: float = 0.9, draws: int = 2_000, seed: int = 0) -> tuple[float, float]:
+    """The ``level`` interval of ``statistic(a, b)`` over seeds: both samples redrawn with
+    replacement ``draws`` times (a percentile bootstrap; draws where it is undefined, NaN, are
+    left out). How far the figure could move with other seeds of the same size."""
+    rng = np.random.default_rng(seed)
+    values = [statistic([a[i] for i in rng.integers(len(a), size=len(a))], [b[i] for i in rng.integers(len(b), size=len(b))])
+              for _ in range(draws)]
+    values = np.asarray([v for v in values if not math.isnan(v)])
+    if not len(values):
+        return math.nan, math.nan
+    tail = (1 - level) / 2
+    return tuple(float(q) for q in np.quantile(values, [tail, 1 - tail], method="inverted_cdf"))
+
+
+def rollouts_ratio(a: list[float | None], b: list[float | None]) -> float:
+    """Median rollouts to a target of a over b's, a miss counting as beyond the budget (inf);
+    NaN when neither median is reached."""
+    ma, mb = (math.inf if m is None else m for m in (censored_median(a), censored_median(b)))
+    return math.nan if math.isinf(ma) and math.isinf(mb) else ma / mb
+
+
+def median_difference(a: list[float], b: list[float]) -> float:
+    return statistics.median(a) - statistics.median(b)
+
+
+GOAL_PAIRS = (("priority_flat", "uniform", "<= 0.7"), ("priority_pooled", "uniform", "<= 0.7"),
+              ("priority_shuffled", "uniform", "<= 1.0"), ("full", "dapo_filter", "<= 0.6"))
+
+
+def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None = None) -> list[str]:
     """The issue's goals, each as a line with the figure: label-free priority against uniform,
-    shuffled labels against uniform, the full method against filtered uniform (DAPO)."""
+    shuffled labels against uniform, the full method against filtered uniform (DAPO). With the
+    runs (``results``), each figure's 90% bootstrap interval over seeds follows it."""
+    def interval(statistic, a, b, fmt) -> str:
+        if not results:
+            return ""
+        lo, hi = bootstrap_interval(statistic, a, b)
+        return f", 90% over seeds {'-' if math.isnan(lo) else format(lo, fmt)} to {'-' if math.isnan(hi) else format(hi, fmt)}"
+
     lines = []
     for target in targets:
         key = f"rollouts_to_{target}"
-
-        def ratio(a, b, key=key):
-            return None if not (a in t and b in t and t[a][key] and t[b][key]) else t[a][key] / t[b][key]
-
-        for a, b, goal in (("priority_flat", "uniform", "<= 0.7"), ("priority_shuffled", "uniform", "<= 1.0"),
-                           ("full", "dapo_filter", "<= 0.6")):
-            r = ratio(a, b)
-            lines.append(f"target {target}: {a} / {b} rollouts {'-' if r is None else f'{r:.2f}'} (goal {goal})")
+        for a, b, goal in GOAL_PAIRS:
+            if a not in t or b not in t:
+                continue
+            r = None if not (t[a][key] and t[b][key]) else t[a][key] / t[b][key]
+            extra = interval(rollouts_ratio, *([crossing(run, target) for run in results[n]] for n in (a, b)), ".2f") if results else ""
+            lines.append(f"target {target}: {a} / {b} rollouts {'-' if r is None else f'{r:.2f}'}{extra} (goal {goal})")
     if "full" in t and "dapo_filter" in t:
         diff = 100 * (t["full"]["final_median"] - t["dapo_filter"]["final_median"])
-        lines.append(f"final accuracy, full - dapo_filter (medians): {diff:+.1f} points (goal >= +3)")
+        extra = interval(lambda a, b: 100 * median_difference(a, b), *([run["final"] for run in results[n]] for n in ("full", "dapo_filter")),
+                         "+.1f") if results else ""
+        lines.append(f"final accuracy, full - dapo_filter (medians): {diff:+.1f} points{extra} (goal >= +3)")
     return lines
 
 
@@ -298,7 +336,7 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
     t = table(results, args.targets, budget)
     start = statistics.median(r["start"] for runs in results.values() for r in runs)
     print_table(t, args.targets, budget, f"\n{where}: {details} (start {start:.3f}; trailing mean of {args.smooth}); {lr_text}")
-    for line in goals(t, args.targets):
+    for line in goals(t, args.targets, results):
         print(line)
     print("replay (paper B): " + "; ".join(
         f"{n} share {r['replay_share']:.2f} clip fresh/replay {r['clip_fresh']:.3f}/"

@@ -1,12 +1,16 @@
 """The arithmetic behind `prl bench learning`'s figures (the runs themselves are the benchmark)."""
 
 import json
+import math
+import statistics
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from benchmarks.learning import area_under_curve, censored_median, crossing, curves_path, goals, main, pool_rows, smoothed
+from benchmarks.learning import (area_under_curve, bootstrap_interval, censored_median, crossing, curves_path, goals, main,
+                                 median_difference, pool_rows, rollouts_ratio, smoothed)
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
@@ -33,9 +37,44 @@ def test_goal_lines_name_each_ratio():
     t = {"uniform": {"rollouts_to_0.4": 1000, "final_median": 0.40}, "dapo_filter": {"rollouts_to_0.4": 800, "final_median": 0.41},
          "priority_flat": {"rollouts_to_0.4": 600, "final_median": 0.42}, "full": {"rollouts_to_0.4": None, "final_median": 0.45}}
     lines = goals(t, [0.4])
-    assert "priority_flat / uniform rollouts 0.60 (goal <= 0.7)" in lines[0]
-    assert "full / dapo_filter rollouts - (goal <= 0.6)" in lines[2]
+    assert lines[0] == "target 0.4: priority_flat / uniform rollouts 0.60 (goal <= 0.7)"
+    assert lines[1] == "target 0.4: full / dapo_filter rollouts - (goal <= 0.6)"
     assert lines[-1] == "final accuracy, full - dapo_filter (medians): +4.0 points (goal >= +3)"
+    assert len(lines) == 3  # no line for a strategy that did not run (shuffled, pooled)
+
+
+def test_rollouts_ratio_counts_a_miss_as_beyond_the_budget():
+    assert rollouts_ratio([500, 700, 900], [1_000, 1_400, 1_800]) == pytest.approx(0.5)
+    assert rollouts_ratio([500, None, None], [1_000, 1_400, 1_800]) == math.inf  # a's median missed
+    assert rollouts_ratio([500, 600, None], [None, None, 1_000]) == 0.0
+    assert math.isnan(rollouts_ratio([None, None], [None, None]))
+
+
+def test_bootstrap_interval_over_seeds_brackets_the_figure_and_narrows_with_more_seeds():
+    rng = np.random.default_rng(1)
+    few, many = ([list(rng.normal(mu, 0.02, n)) for mu in (0.40, 0.37)] for n in (5, 80))
+    lo5, hi5 = bootstrap_interval(median_difference, *few)
+    lo80, hi80 = bootstrap_interval(median_difference, *many)
+    assert lo5 <= median_difference(*few) <= hi5
+    assert lo80 < 0.03 < hi80 and hi80 - lo80 < hi5 - lo5
+    assert bootstrap_interval(rollouts_ratio, [None] * 3, [None] * 3) != bootstrap_interval(rollouts_ratio, [1, 2], [3, 4])
+    assert all(math.isnan(v) for v in bootstrap_interval(rollouts_ratio, [None] * 3, [None] * 3))
+
+
+def test_goal_lines_with_the_runs_give_each_figure_its_interval_over_seeds():
+    def runs(crossings, finals):
+        return [{"curve": [(0, 0.3), (c, 0.4)], "smoothed": [0.3, 0.4], "final": f} for c, f in zip(crossings, finals)]
+    results = {"uniform": runs([1_000, 1_200, 1_400], [0.40, 0.41, 0.42]),
+               "dapo_filter": runs([1_000, 1_000, 1_000], [0.40, 0.40, 0.40]),
+               "priority_flat": runs([500, 600, 700], [0.40, 0.40, 0.40]), "full": runs([500, 500, 500], [0.43, 0.44, 0.45])}
+    t = {n: {"rollouts_to_0.4": censored_median([crossing(r, 0.4) for r in v]), "final_median": statistics.median(r["final"] for r in v)}
+         for n, v in results.items()}
+    lines = goals(t, [0.4], results)
+    assert lines[0].startswith("target 0.4: priority_flat / uniform rollouts 0.50, 90% over seeds ")
+    lo, hi = (float(x) for x in lines[0].split("over seeds ")[1].split(" (")[0].split(" to "))
+    assert 500 / 1_400 <= lo <= 0.5 <= hi <= 700 / 1_000
+    assert lines[1] == "target 0.4: full / dapo_filter rollouts 0.50, 90% over seeds 0.50 to 0.50 (goal <= 0.6)"
+    assert lines[2].startswith("final accuracy, full - dapo_filter (medians): +4.0 points, 90% over seeds +3.0 to +5.0")
 
 
 @pytest.mark.parametrize("pool", ["abc", "0", "2001", "[20, 100]"])
@@ -83,7 +122,7 @@ def test_stored_runs_of_other_seeds_pool_into_one_table(tmp_path, capsys):
     assert main(["--from-json", a, b, "--smooth", "1", "--targets", "0.36", "--png", str(tmp_path / "c.png"), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "seeds per strategy: uniform 3, priority_flat 3" in printed
-    assert "priority_flat / uniform rollouts 0.33 (goal <= 0.7)" in printed  # medians of 3: 512 against 1,536
+    assert "priority_flat / uniform rollouts 0.33, 90% over seeds " in printed  # medians of 3: 512 against 1,536
     pooled = json.loads(out.read_text())
     assert [r["seed"] for r in pooled["runs"]["uniform"]] == [0, 1, 2]
     assert (tmp_path / "c.png").stat().st_size > 0
