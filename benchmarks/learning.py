@@ -69,11 +69,13 @@ SETTINGS = [
 ]
 # AdamW learning rate per strategy (built-in task): the rate with the highest area under the
 # curve on seed 0 in a sweep of 2.5e-5, 5e-5, 1e-4 and 2e-4 (the last three for every strategy,
-# 2.5e-5 for four; benchmarks/RESULTS.md). Strategies that drop zero-variance groups average
-# the loss over fewer, all-informative tokens, so one rate is a larger step for them than for
-# uniform GRPO: a shared rate would favour whichever strategy it happens to suit.
-LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority_group": 5e-5, "priority_shuffled": 5e-5,
-      "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5}
+# 2.5e-5 for four; benchmarks/RESULTS.md); the pooled-prior strategies, added later, the better
+# of 2.5e-5 and 5e-5 by median area over seeds 100-104 (not seeds any reported run uses).
+# Strategies that drop zero-variance groups average the loss over fewer, all-informative
+# tokens, so one rate is a larger step for them than for uniform GRPO: a shared rate would
+# favour whichever strategy it happens to suit.
+LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority_pooled": 2.5e-5, "priority_group": 5e-5,
+      "priority_shuffled": 5e-5, "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5, "full_pooled": 5e-5}
 MODES = {  # name: (seeds, rollout budget)
     "default": (5, 12_000),
     "long": (8, 24_000),
@@ -315,7 +317,7 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
         for seed in range(args.first_seed, args.first_seed + seeds):  # seed-major: a partial run still compares every strategy
             for name in strategies:
                 lr = [f"learner.lr={lrs[name]}"] if name in lrs else []
-                run = {"seed": seed, **one_run(name, seed, budget, args.eval_every, base, [*lr, *args.set])}
+                run = {"seed": seed, "lr": lrs.get(name), **one_run(name, seed, budget, args.eval_every, base, [*lr, *args.set])}
                 run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
                 run["final"] = run["smoothed"][-1]
                 results.setdefault(name, []).append(run)
@@ -347,18 +349,20 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
     write_json(args, table=t, runs=results)
 
 
-POOLED_SETTINGS = ("mode", "task", "budget", "eval_every", "heldout", "pool", "lr", "set")  # must agree to pool runs
+POOLED_SETTINGS = ("mode", "task", "budget", "eval_every", "heldout", "pool", "set")  # must agree to pool runs (and
+# each strategy's learning rate)
 
 
-def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], dict]:
+def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], dict, dict[str, float]]:
     """The runs stored by earlier ``--json`` invocations as one set (strategies in the
     benchmark's order, each seed of a strategy once, each run with its file's commit),
-    smoothed with ``smooth``; and the first file's arguments. Raises ValueError, naming the
-    file, for a file that is not this benchmark's, a setting that differs between files, or a
-    seed stored twice."""
+    smoothed with ``smooth``; the first file's arguments; and each pooled strategy's learning
+    rate. Raises ValueError, naming the file, for a file that is not this benchmark's, a
+    setting or a strategy's learning rate that differs between files, or a seed stored twice."""
     results: dict[str, list[dict]] = {}
     seen: set[tuple[str, int]] = set()
     first: dict | None = None
+    rates: dict[str, float | None] = {}
     for path in paths:
         try:
             with open(path) as f:
@@ -370,9 +374,15 @@ def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], d
                 if stored.get(key) != first.get(key):
                     raise ValueError(f"{key} is {stored.get(key)!r} there and {first.get(key)!r} in {paths[0]}: "
                                      "only runs of the same settings pool")
+            file_rates = learning_rates(stored.get("task"), stored.get("lr") or [])
             for name, stored_runs in runs.items():
                 if name not in STRATEGIES:
                     raise ValueError(f"unknown strategy {name!r}")
+                for run in stored_runs:  # runs record their rate (older files: from the file's arguments)
+                    rate = run.get("lr", file_rates.get(name))  # None: the config's
+                    if rates.setdefault(name, rate) != rate:
+                        raise ValueError(f"{name} was trained at lr {rate or 'from the config'} there and at "
+                                         f"{rates[name] or 'the config'} in an earlier file: only runs of the same settings pool")
                 for i, run in enumerate(stored_runs):
                     seed = run.get("seed", stored["first_seed"] + i)  # runs are stored seed-major from first_seed
                     if (name, seed) in seen:
@@ -385,7 +395,8 @@ def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], d
             reason = (exc if isinstance(exc, ValueError) else f"cannot read it ({exc.strerror or exc})" if isinstance(exc, OSError)
                       else f"not a `prl bench learning --json` file ({type(exc).__name__}: {exc})")
             raise ValueError(f"--from-json {path}: {reason}") from None
-    return {name: results[name] for name in STRATEGIES if name in results}, first or {}
+    order = [name for name in STRATEGIES if name in results]
+    return {name: results[name] for name in order}, first or {}, {n: rates[n] for n in order if rates[n] is not None}
 
 
 def commit_label(code: dict | None) -> str:
@@ -411,19 +422,20 @@ TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "strategies",
                   "set")  # what --from-json cannot apply: the stored runs were trained with their own
 
 
-def learning_rates(ap, items: list[str]) -> dict[str, float]:
-    """``--lr STRATEGY=LR`` items as {strategy: rate}; a wrong one ends in one line."""
-    rates = {}
+def learning_rates(task: str | None, items: list[str]) -> dict[str, float]:
+    """Each strategy's learning rate: LR's tuned rates on the built-in task (none with a task:
+    the config's), then ``--lr STRATEGY=LR`` items. Raises ValueError naming a wrong item."""
+    rates = {} if task else dict(LR)
     for item in items:
         name, _, value = item.partition("=")
         if name not in STRATEGIES:
-            ap.error(f"--lr {item}: unknown strategy {name!r} (one of {', '.join(STRATEGIES)})")
+            raise ValueError(f"--lr {item}: unknown strategy {name!r} (one of {', '.join(STRATEGIES)})")
         try:
             rate = float(value)
         except ValueError:
             rate = math.nan
         if not 0 < rate < 1:
-            ap.error(f"--lr {item}: the rate must be a number between 0 and 1, e.g. {name}=5e-5")
+            raise ValueError(f"--lr {item}: the rate must be a number between 0 and 1, e.g. {name}=5e-5")
         rates[name] = rate
     return rates
 
@@ -464,7 +476,7 @@ def main(argv=None) -> int:
             ap.error(f"--from-json trains nothing, so {' '.join(given)} cannot apply: the stored runs keep the "
                      "settings they were trained with (only --smooth, --targets, --png and --json do)")
         try:
-            results, stored = pooled_runs(args.from_json, args.smooth)
+            results, stored, rates = pooled_runs(args.from_json, args.smooth)
         except ValueError as exc:
             ap.error(str(exc))
         task, pool = stored.get("task"), stored.get("pool")
@@ -473,7 +485,7 @@ def main(argv=None) -> int:
         seeds = ", ".join(f"{name} {len(runs)}" for name, runs in results.items())
         report(args, results, budget, setting(task, pool, stored.get("heldout")), f"pooled from {len(args.from_json)} "
                f"files, seeds per strategy: {seeds}; budget {budget:,} rollouts, evaluated every "
-               f"{stored.get('eval_every')} rollouts", f"lr {stored.get('lr') or 'as the runs were made'}")
+               f"{stored.get('eval_every')} rollouts", f"lr {rates or 'from the config'}")
         print(commits_line(results))
         return 0
     args.png = args.png or curves_path(args.task)
@@ -490,8 +502,10 @@ def main(argv=None) -> int:
     else:
         pool = args.pool or BUILTIN_POOL
         base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={pool}"]
-    lrs = {} if args.task else dict(LR)
-    lrs.update(learning_rates(ap, args.lr))
+    try:
+        lrs = learning_rates(args.task, args.lr)
+    except ValueError as exc:
+        ap.error(str(exc))
     results = run_all(args, base, strategies, seeds, budget, lrs)
     report(args, results, budget, setting(args.task, pool, args.heldout), f"{seeds} seeds x {len(results)} strategies, "
            f"budget {budget:,} rollouts, evaluated every {args.eval_every} rollouts", f"lr {lrs or 'from the config'}")

@@ -131,6 +131,7 @@ def test_stored_runs_of_other_seeds_pool_into_one_table(tmp_path, capsys):
 @pytest.mark.parametrize("other, reason", [
     ({"first_seed": 0}, "uniform seed 0 is also in an earlier file"),
     ({"first_seed": 1, "pool": "96"}, "pool is '96' there and None in"),
+    ({"first_seed": 1, "lr": ["uniform=1e-4"]}, "uniform was trained at lr 0.0001 there and at the config in an earlier file"),
 ])
 def test_stored_runs_that_do_not_belong_together_fail_with_one_line(tmp_path, capsys, other, reason):
     a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]})
@@ -139,6 +140,13 @@ def test_stored_runs_that_do_not_belong_together_fail_with_one_line(tmp_path, ca
         main(["--from-json", a, b])
     assert exit_.value.code == 2
     assert f"--from-json {b}: {reason}" in capsys.readouterr().err
+
+
+def test_strategies_trained_at_their_own_rates_in_different_files_pool(tmp_path, capsys):
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]}, lr=["uniform=1e-4"])
+    b = stored(tmp_path / "b.json", 0, {"priority_flat": [[0.1, 0.3]]}, lr=["priority_flat=5e-5"])
+    assert main(["--from-json", a, b, "--png", str(tmp_path / "c.png")]) == 0
+    assert "lr {'uniform': 0.0001, 'priority_flat': 5e-05}" in capsys.readouterr().out
 
 
 def test_pooled_runs_name_the_commits_that_made_them(tmp_path, capsys):
