@@ -61,6 +61,10 @@ STRATEGIES = {
     "full": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", "scheduler.replay.enabled=true"],
     "full_pooled": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='pooled'", "scheduler.replay.enabled=true"],
 }
+# What the default mode runs (the strategies and controls; about 22 min on 2 cores): the
+# pooled-prior ones only when named, with --strategies.
+DEFAULT_STRATEGIES = ["uniform", "dapo_filter", "priority_flat", "priority_group", "priority_shuffled", "replay_alone",
+                      "naive_replay", "full"]
 # The same for every strategy: 8 groups x 8 completions per step, few checkpoints kept, no
 # archive or snapshots.
 SETTINGS = [
@@ -452,7 +456,8 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=natural, default=0, help="seeds first-seed .. first-seed + seeds - 1 (other seeds "
                     "than the reported ones, to tune a setting on)")
     ap.add_argument("--budget", type=count, help="rollouts generated per run (override the mode's)")
-    ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES))
+    ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), help="default: every one but the pooled-prior "
+                    "ones on the built-in task; uniform, dapo_filter, priority_flat and full with --task")
     ap.add_argument("--targets", type=fraction, nargs="+", default=[0.36, 0.38], help="held-out accuracies to reach (smoothed)")
     ap.add_argument("--eval-every", type=count, default=512, help="rollouts generated between evaluations")
     ap.add_argument("--smooth", type=count, default=3, help="evaluations in the trailing mean of the accuracy")
@@ -492,7 +497,7 @@ def main(argv=None) -> int:
     quiet_console()
     seeds, budget = (REAL["seeds"], REAL["budget"]) if args.task else MODES[args.mode]
     seeds, budget = args.seeds or seeds, args.budget or budget
-    strategies = args.strategies or (REAL["strategies"] if args.task else list(STRATEGIES))
+    strategies = args.strategies or (REAL["strategies"] if args.task else DEFAULT_STRATEGIES)
     if args.task:
         pool = args.pool or str(REAL["pool"])
         if not pool.isdigit() or not 1 <= int(pool) <= TRAIN:
