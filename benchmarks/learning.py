@@ -220,8 +220,6 @@ def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None =
     shuffled labels against uniform, the full method against filtered uniform (DAPO). With the
     runs (``results``), each figure's 90% bootstrap interval over seeds follows it."""
     def interval(statistic, a, b, fmt) -> str:
-        if not results:
-            return ""
         lo, hi = bootstrap_interval(statistic, a, b)
         return f", 90% over seeds {'-' if math.isnan(lo) else format(lo, fmt)} to {'-' if math.isnan(hi) else format(hi, fmt)}"
 

@@ -9,8 +9,10 @@ with numpy views for vectorised work), not in one Python object per problem.
   problem's group rate as ``pseudo_count`` attempts. The group rate counts each problem's
   *first* group only: an estimate of how a never-tried problem of the group does, which
   retests of the group's hard problems cannot drive down. ``pooled`` is the group prior
-  with one group of every problem: no label, the pool's own first-visit rate (empirical
-  Bayes), so an unseen problem no longer outranks a problem known to be of medium difficulty.
+  with one group of every problem: no label, an unseen problem at the pool's own first-visit
+  rate (empirical Bayes) rather than at p = 1/2, the maximum of p(1-p). (Its never-tried
+  problems still share one clock of rate m x priority, so a mostly untried pool is still
+  mostly drawn from its untried problems: measured, no faster than the flat prior.)
 - **Priority** p(1-p) (``prl.formulas.bernoulli_variance``).
 - **Sampling in proportion to priority** (``gumbel`` mode), whatever the call size and
   history: every choosable problem holds an exponential clock in virtual time; a clock set
