@@ -44,6 +44,7 @@ from collections import deque
 import numpy as np
 
 from prl.formulas import bernoulli_variance, decay_factor, exponential_clock, success_estimate
+from scheduler.snapshot import expect_state
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
 MIN_RATE = 1e-12  # a clock of rate 0 would never ring
@@ -337,6 +338,8 @@ class PrioritySampler:
         safetensors, the rest to JSON (scheduler/snapshot.py)."""
         heap = np.array(self.heap, dtype=np.float64).reshape(-1, 3)
         return {
+            "sampler": "priority",
+            "groups": self.num_groups,
             "arrays": {name: getattr(self, f"_{name}_np").copy() for name in self.ARRAYS},
             "group_successes": self.group_successes.copy(),
             "group_attempts": self.group_attempts.copy(),
@@ -356,6 +359,7 @@ class PrioritySampler:
         }
 
     def load_state_dict(self, st: dict) -> None:
+        expect_state(st, "priority", self.n, self.num_groups)
         for name in self.ARRAYS:
             getattr(self, f"_{name}_np")[:] = np.asarray(st["arrays"][name])
         self.group_successes = np.asarray(st["group_successes"], dtype=np.float64).copy()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from prl.formulas import bernoulli_variance, success_estimate
+from scheduler.snapshot import expect_state
 
 
 class UniformSampler:
@@ -50,9 +51,11 @@ class UniformSampler:
         pass
 
     def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state, "attempts": self.attempts.copy(), "successes": self.successes.copy()}
+        return {"sampler": "uniform", "rng": self.rng.bit_generator.state, "attempts": self.attempts.copy(),
+                "successes": self.successes.copy()}
 
     def load_state_dict(self, state: dict) -> None:
+        expect_state(state, "uniform", self.n)
         self.rng.bit_generator.state = state["rng"]
         self.attempts[:] = state["attempts"]
         self.successes[:] = state["successes"]

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from prl import storage
 from schemas import RolloutGroup, TrainBatch, TrainRollout, decode, encode
+from schemas.config import ConfigError
 from schemas.records import decode_many, encode_table, from_table, record_row, to_table
 
 
@@ -95,3 +96,23 @@ def read_replay(data: bytes) -> list[TrainRollout]:
     if (table.schema.metadata or {}).get(b"kind") == b"train_batch":
         return from_table(table, TrainBatch)[0].rollouts
     return from_table(table, TrainRollout)
+
+
+def expect_state(state: dict, kind: str, problems: int, groups: int | None = None) -> None:
+    """A snapshot's sampler state is for this kind of sampler (``uniform`` or ``priority``),
+    pool size and number of prior groups; otherwise ConfigError naming both sides and the fix
+    (a run continued, or explained, with another configuration than it was started with)."""
+    written = state.get("sampler") or ("priority" if "arrays" in state else "uniform")  # older snapshots: by their keys
+    if written == "priority":
+        size, prior_groups = len(state["arrays"]["group"]), state.get("groups", len(state["unseen_order"]))
+    else:
+        size, prior_groups = len(state["attempts"]), None
+    if (written, size, prior_groups) != (kind, problems, groups):
+        raise ConfigError(f"the scheduler snapshot holds a {describe(written, size, prior_groups)}, this configuration "
+                          f"makes a {describe(kind, problems, groups)}: give the run the configuration it was started with "
+                          "(scheduler.strategy, scheduler.priority.prior, task), or use a new run directory")
+
+
+def describe(kind: str, problems: int, groups: int | None) -> str:
+    what = "uniform sampler (strategy uniform or dapo_filter)" if kind == "uniform" else "priority sampler"
+    return f"{what} of {problems:,} problems" + (f" in {groups} prior group{'s' * (groups != 1)}" if groups is not None else "")

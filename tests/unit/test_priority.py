@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.priority import HEAP, SOLVED, PrioritySampler
-from schemas.config import PriorityConfig
+from scheduler.samplers import UniformSampler
+from schemas.config import ConfigError, PriorityConfig
 
 
 def sampler(n=40, groups=4, seed=0, **kw):
@@ -231,3 +232,24 @@ def test_problems_seen_counts_problems_with_a_returned_result():
     for i in picked[:3]:
         s.observe(i, [1.0, 0.0], 0)
     assert s.metrics()["problems_seen"] == 3
+
+
+@pytest.mark.parametrize("written, read, says", [
+    (lambda: sampler(n=40, groups=4, prior="pooled"), lambda: sampler(n=40, groups=4, prior="group"),
+     "holds a priority sampler of 40 problems in 1 prior group, this configuration makes a priority sampler of 40 "
+     "problems in 4 prior groups"),
+    (lambda: sampler(n=40), lambda: sampler(n=30), "of 40 problems in 4 prior groups, this configuration makes a "
+     "priority sampler of 30 problems"),
+    (lambda: UniformSampler(40), lambda: sampler(n=40), "holds a uniform sampler (strategy uniform or dapo_filter) of 40"),
+    (lambda: sampler(n=40), lambda: UniformSampler(40), "this configuration makes a uniform sampler"),
+])
+def test_a_snapshot_of_another_sampler_is_refused_naming_both(written, read, says):
+    """A run continued (or explained) with another strategy, prior or task than it was started
+    with: one ConfigError saying what the snapshot holds and what the configuration makes."""
+    state = written().state_dict()
+    with pytest.raises(ConfigError) as err:
+        read().load_state_dict(state)
+    assert says in str(err.value) and "the configuration it was started with" in str(err.value)
+    legacy = {k: v for k, v in state.items() if k not in ("sampler", "groups")}  # a snapshot from before they were kept
+    with pytest.raises(ConfigError):
+        read().load_state_dict(legacy)
