@@ -68,7 +68,8 @@ def why(s, i: int, cfg) -> list[str]:
         w = s.priorities(choosable)
         out.append(f"  a pick is this problem with probability {prio / w.sum():.4f} ({prio / w.mean():.2f}x the average "
                    f"of {len(choosable)} choosable problems)" if s.last_tested[i] >= 0 else
-                   f"  never tried: drawn with its group's never-tried problems (priority {s.unseen_priority(g):.4f} each), "
+                   f"  never tried: drawn with {'the pool' if cfg.priority.prior == 'pooled' else 'its group'}'s never-tried "
+                   f"problems (priority {s.unseen_priority(g):.4f} each), "
                    f"and {cfg.priority.unseen_share:.0%} of dispatches go to never-tried problems round-robin over groups")
     elif st in (2, 3):
         out.append(f"  its last {abs(int(s.streak[i]))} group(s) were all {'solved' if st == 2 else 'failed'}: out of the draw; "
