@@ -21,7 +21,8 @@ Every run is evaluated every ``--eval-every`` rollouts generated (not steps), so
 are compared at equal generation cost. Reported: rollouts to each target (median over seeds,
 a seed that misses counts as beyond the budget), final accuracy, area under the accuracy-vs-
 rollouts curve, groups with signal, zero-signal rollouts, retest and never-dispatched shares,
-completion length of trained vs dropped-as-stale rollouts, and seed paper B's replay figures.
+completion length of trained vs dropped-as-stale rollouts, and seed paper B's replay figures;
+each goal figure with its 90% bootstrap interval over seeds (how far other seeds could move it).
 
 ``--task chain_sum`` runs the comparison on the real model and task (examples/
 smollm2-chain-sum-cpu.toml, a fresh import and dataset, trained on ``--pool`` problems drawn at
