@@ -49,7 +49,11 @@ def restore_sampler(cfg, problems, state: dict):
     return sampler, [names[g] for g in labels]
 
 
-PRIOR_SOURCE = {"group": "from its group", "pooled": "from the whole pool", "flat": "flat"}
+PRIOR_WORDS = {  # prior -> (where it comes from, whose rate, whose never-tried problems it is drawn with)
+    "group": ("from its group", "group", "its group"),
+    "pooled": ("from the whole pool", "pool", "the pool"),
+    "flat": ("flat", "group", "its group"),
+}
 
 
 def why(s, i: int, cfg) -> list[str]:
@@ -57,18 +61,19 @@ def why(s, i: int, cfg) -> list[str]:
     st, prio = int(s.state[i]), s.priority(i)
     a, b = (float(np.asarray(v).reshape(-1)[0]) for v in s.prior(np.asarray([i])))
     g = int(s.group[i])
+    source, shared, drawn_with = PRIOR_WORDS[cfg.priority.prior]
     out = [f"  state: {STATES[st]}" + (" (never tried)" if s.last_tested[i] < 0 and st == 0 else ""),
            f"  outcomes: {s.successes[i]:g} solved of {s.attempts[i]:g} rollouts"
            f"{' (decayed to version ' + str(s.version) + ')' if cfg.priority.half_life_versions else ''}, last tested at version "
-           f"{s.last_tested[i]}; prior Beta({a:.2f}, {b:.2f}) {PRIOR_SOURCE[cfg.priority.prior]}"
-           f" ({'pool' if cfg.priority.prior == 'pooled' else 'group'} rate {float(s.group_rate(g)):.3f} over first tries)",
+           f"{s.last_tested[i]}; prior Beta({a:.2f}, {b:.2f}) {source}"
+           f" ({shared} rate {float(s.group_rate(g)):.3f} over first tries)",
            f"  priority p(1-p) = {prio:.4f}"]
     if st == 0:
         choosable = np.flatnonzero(s._state_np == 0)
         w = s.priorities(choosable)
         out.append(f"  a pick is this problem with probability {prio / w.sum():.4f} ({prio / w.mean():.2f}x the average "
                    f"of {len(choosable)} choosable problems)" if s.last_tested[i] >= 0 else
-                   f"  never tried: drawn with {'the pool' if cfg.priority.prior == 'pooled' else 'its group'}'s never-tried "
+                   f"  never tried: drawn with {drawn_with}'s never-tried "
                    f"problems (priority {s.unseen_priority(g):.4f} each), "
                    f"and {cfg.priority.unseen_share:.0%} of dispatches go to never-tried problems round-robin over groups")
     elif st in (2, 3):
