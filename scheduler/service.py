@@ -64,6 +64,7 @@ class InFlight:
     problem: int
     issued_at: float
     attempt: int
+    group_size: int  # completions asked for: a group of another size is not this dispatch's answer
 
 
 class Scheduler(Service):
@@ -168,8 +169,8 @@ class Scheduler(Service):
 
     def acceptable(self, msg, group: RolloutGroup) -> bool:
         """A group for a problem of this run, made by a version the learner can have made
-        (producers load only announced versions), with completions if it could be trained;
-        otherwise dead-lettered."""
+        (producers load only announced versions), with completions if it could be trained,
+        of the size its dispatch asked for; otherwise dead-lettered."""
         if group.problem_id not in self.index:
             self.reject(msg, "unknown_problem", group.problem_id)
             return False
@@ -179,6 +180,10 @@ class Scheduler(Service):
         newest = self.learner_version + self.cfg.scheduler.max_batches_ahead
         if group.policy_version > newest:
             self.reject(msg, "future_version", f"policy_version {group.policy_version} > {newest}")
+            return False
+        flight = self.in_flight.get(group.dispatch_id)
+        if flight is not None and not group.error and len(group.rewards) != flight.group_size:
+            self.reject(msg, "wrong_group_size", f"{len(group.rewards)} completions, {flight.group_size} were asked for")
             return False
         return True
 
@@ -213,7 +218,7 @@ class Scheduler(Service):
             if now - flight.issued_at > self.cfg.scheduler.dispatch_timeout_s:
                 del self.in_flight[did]
                 self.count("redispatched")
-                self.dispatch(flight.problem, flight.attempt + 1)
+                self.dispatch(flight.problem, flight.attempt + 1, flight.group_size)
 
     def publish_batches(self) -> None:
         cfg = self.cfg.scheduler
@@ -310,7 +315,7 @@ class Scheduler(Service):
             with self.timed("statistics"):
                 chosen = self.sampler.next(room, busy)
             for idx in chosen:
-                self.dispatch(idx, 0)
+                self.dispatch(idx, 0, self.cfg.sampling.group_size)
             if not chosen and not self.in_flight:
                 raise NoProblemsLeft(self.why_no_problems())
         if self.unacked:  # this turn's dispatches and re-dispatches
@@ -324,14 +329,14 @@ class Scheduler(Service):
         return (f"no problem can be dispatched: producers could not serve {retired} of {len(self.problems)} training "
                 f"problems and they were retired ({reasons[:400]})")
 
-    def dispatch(self, idx: int, attempt: int) -> None:
-        """Send problem ``idx`` out (acknowledged at the next flush)."""
+    def dispatch(self, idx: int, attempt: int, group_size: int) -> None:
+        """Send problem ``idx`` out for ``group_size`` completions (acknowledged at the next flush)."""
         p = self.problems[idx]
         d = Dispatch(
-            uuid.uuid4().hex, p.id, p.prompt, p.answer, self.cfg.sampling.group_size, self.sampling,
+            uuid.uuid4().hex, p.id, p.prompt, p.answer, group_size, self.sampling,
             self.learner_version, attempt, time.time(), p.chat,
         )
-        self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt)
+        self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt, group_size)
         self.send(PROBLEMS, d, key=p.id.encode())
         self.unacked.append(d.issued_at)
         self.count("dispatched")
@@ -344,7 +349,7 @@ class Scheduler(Service):
         replay_state = self.replay.state_dict()[0] if self.replay else None
         return {
             **{name: getattr(self, name) for name in self.SCALARS},
-            "in_flight": {did: [f.problem, f.issued_at, f.attempt] for did, f in self.in_flight.items()},
+            "in_flight": {did: [f.problem, f.issued_at, f.attempt, f.group_size] for did, f in self.in_flight.items()},
             "coords": {did: list(c) for did, c in self.coords.items()},
             "sampler": self.sampler.state_dict(),
             "replay": replay_state,
@@ -353,7 +358,8 @@ class Scheduler(Service):
     def load_state_dict(self, state: dict, fresh: list[RolloutGroup], replay: list, pending: TrainBatch | None = None) -> None:
         for name in self.SCALARS:
             setattr(self, name, state.get(name, getattr(self, name)))  # snapshots from before a field existed
-        self.in_flight = {did: InFlight(*v) for did, v in state["in_flight"].items()}
+        full = self.cfg.sampling.group_size  # snapshots from before dispatches recorded their size
+        self.in_flight = {did: InFlight(*v) if len(v) == 4 else InFlight(*v, full) for did, v in state["in_flight"].items()}
         self.coords = {did: tuple(c) for did, c in state.get("coords", {}).items()}
         self.sampler.load_state_dict(state["sampler"])
         self.fresh = fresh

@@ -231,10 +231,29 @@ def test_scheduler_trains_no_group_without_completions(tmp_path, rewards, reason
     scheduler.step()
     did, flight = next(iter(scheduler.in_flight.items()))
     pid = scheduler.problems[flight.problem].id
+    rewards = rewards * (flight.group_size // len(rewards))  # the size the dispatch asked for
     run.inject(ROLLOUTS, RolloutGroup(did, pid, 0, "p", [1, 3], 1.0, [Rollout([], [], r, "stop") for r in rewards]))
     scheduler.step()
     assert [d.reason for d in run.dead()] == reason
     assert (did in scheduler.in_flight) == bool(reason) and scheduler.groups_returned == (not reason)
+
+
+@pytest.mark.parametrize("size", [1, 9], ids=["fewer", "more"])
+def test_scheduler_dead_letters_a_group_of_another_size_than_asked(tmp_path, size):
+    """A group of more (or fewer) completions than its dispatch asked for would weigh its
+    problem's statistics and the batch by what its producer chose: dead-lettered, and the
+    dispatch stays in flight (re-dispatched when it times out)."""
+    run = Run(config(tmp_path))
+    scheduler = Scheduler(run.cfg, run.transport)
+    scheduler.step()
+    did, flight = next(iter(scheduler.in_flight.items()))
+    pid = scheduler.problems[flight.problem].id
+    rollouts = [Rollout([4, 2], [-0.1, -0.1], float(i % 2), "stop") for i in range(size)]
+    run.inject(ROLLOUTS, RolloutGroup(did, pid, 0, "p", [1, 3], 1.0, rollouts))
+    scheduler.step()
+    dead = run.dead()
+    assert [d.reason for d in dead] == ["wrong_group_size"] and "8 were asked for" in dead[0].detail
+    assert did in scheduler.in_flight and scheduler.groups_returned == 0
 
 
 @pytest.mark.parametrize("rewards, kept", [([0.0] * 4, False), ([1.0, 0.0] * 2, True)], ids=["all wrong", "mixed"])

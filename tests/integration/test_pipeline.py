@@ -201,7 +201,8 @@ def test_scheduler_stays_at_most_max_batches_ahead(tmp_path):
 class ScriptedProducer:
     """A scheduler on the in-memory transport, its dispatches answered by a script instead of
     a model: every group is made at policy version 0 with the rewards ``rewards(n)`` gives
-    the n-th answer. No learner consumes the batches."""
+    the n-th answer (as many as the dispatch asked for: sampling.group_size). No learner
+    consumes the batches."""
 
     def __init__(self, cfg, rewards):
         from scheduler.service import Scheduler
@@ -247,7 +248,7 @@ def test_batches_are_composed_for_the_version_that_will_train_them(tmp_path):
     """With batches queued ahead of the learner, batch k is trained k versions later than
     now; rollouts that would be older than tau_max by then are dropped by the scheduler
     (and counted), so the learner never receives a rollout it has to drop."""
-    cfg = small_config(tmp_path, **{"scheduler.tau_max": 2, "scheduler.max_batches_ahead": 5,
+    cfg = small_config(tmp_path, **{"scheduler.tau_max": 2, "scheduler.max_batches_ahead": 5, "sampling.group_size": 4,
                                     "scheduler.replay.enabled": "false", "scheduler.snapshot_every": 0})
     run = ScriptedProducer(cfg, lambda n: (1.0, 0.0, 0.0, 0.0))  # stuck at version 0
     wait_until(lambda: run.step() >= 40, 30, "40 groups answered (the scheduler stalls if it keeps stale groups)")
@@ -265,7 +266,8 @@ def test_batch_is_what_survives_of_groups_per_batch_unless_dynamic_sampling(tmp_
     returned ones (every strategy takes one step per groups_per_batch groups generated);
     with it (DAPO), generation goes on until groups_per_batch groups with a signal fill it."""
     cfg = small_config(tmp_path, **{"scheduler.strategy": f"'{strategy}'", "scheduler.replay.enabled": "false",
-                                    "scheduler.max_batches_ahead": 100, "scheduler.tau_max": 100, "scheduler.snapshot_every": 0})
+                                    "scheduler.max_batches_ahead": 100, "scheduler.tau_max": 100, "scheduler.snapshot_every": 0,
+                                    "sampling.group_size": 4})
     assert cfg.dynamic_sampling is dynamic and cfg.filters_zero_variance
     run = ScriptedProducer(cfg, lambda n: [0.0] * 4 if n % 2 else [1.0, 0.0, 0.0, 0.0])  # every other group: no signal
     wait_until(lambda: run.step() >= 48, 30, "48 groups answered")
