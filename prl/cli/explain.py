@@ -32,7 +32,8 @@ def explain(cfg, problem_id: str) -> str:
     state, fresh, replay, _ = snap
     sampler, group = restore_sampler(cfg, problems, state)
     i = index[problem_id]
-    lines = [f"{problem_id} (group {group[i]!r}) at learner version {state['learner_version']}:"]
+    uses_label = cfg.scheduler.strategy == "success_variance" and cfg.scheduler.priority.prior != "pooled"
+    lines = [f"{problem_id}{f' (group {group[i]!r})' if uses_label else ''} at learner version {state['learner_version']}:"]
     lines += why(sampler, i, cfg.scheduler) if cfg.scheduler.strategy == "success_variance" else \
         [f"  chosen uniformly (strategy {cfg.scheduler.strategy}); tried {int(sampler.attempts[i])} rollouts"]
     lines += history(cfg, problem_id, state["learner_version"], replay)
@@ -75,7 +76,8 @@ def why(s, i: int, cfg) -> list[str]:
                    f"of {len(choosable)} choosable problems)" if s.last_tested[i] >= 0 else
                    f"  never tried: drawn with {drawn_with}'s never-tried "
                    f"problems (priority {s.unseen_priority(g):.4f} each), "
-                   f"and {cfg.priority.unseen_share:.0%} of dispatches go to never-tried problems round-robin over groups")
+                   f"and {cfg.priority.unseen_share:.0%} of dispatches go to never-tried problems"
+                   + (" round-robin over groups" if s.num_groups > 1 else ", in a fixed random order"))
     elif st in (2, 3):
         out.append(f"  its last {abs(int(s.streak[i]))} group(s) were all {'solved' if st == 2 else 'failed'}: out of the draw; "
                    f"every {cfg.priority.retest_interval} versions {cfg.priority.retest_share:.0%} of the pool is queued for "

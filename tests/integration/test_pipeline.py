@@ -400,22 +400,26 @@ def test_replay_train_learns_from_the_archive_into_a_new_run_dir(tmp_path, capsy
     assert "already holds checkpoints" in capsys.readouterr().err
 
 
-def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys):
+@pytest.mark.parametrize("prior", ["group", "pooled"])
+def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys, prior):
+    """The group is named where the prior uses it (not under the pooled prior)."""
     import pyarrow.dataset as ds
 
     from prl.cli import main
     from prl.tasks import addition
 
     run = str(tmp_path / "run")
-    assert main(["run", "--run-dir", run, "--max-steps", "3", "--no-progress", "--set", "learner.eval_every=0"]) == 0
+    prior_set = ["--set", f"scheduler.priority.prior='{prior}'"]
+    assert main(["run", "--run-dir", run, "--max-steps", "3", "--no-progress", "--set", "learner.eval_every=0", *prior_set]) == 0
     archived = ds.dataset(f"{run}/archive", format="parquet", partitioning="hive").to_table()["problem_id"].to_pylist()
     never = next(p.id for p in addition.train_pool([80, 600, 600, 600], 0) if p.id not in set(archived))
     capsys.readouterr()
-    assert main(["explain", archived[0], "--set", f"run.run_dir='{run}'"]) == 0
+    assert main(["explain", archived[0], "--set", f"run.run_dir='{run}'", *prior_set]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{archived[0]} (group ") and "priority p(1-p) = " in out and "archived group(s):" in out
+    heading = f"{archived[0]} (group " if prior == "group" else f"{archived[0]} at learner version "
+    assert out.startswith(heading) and "priority p(1-p) = " in out and "archived group(s):" in out
     assert "trained" in out and "rewards " in out
-    assert main(["explain", never, "--run-dir", run]) == 0  # every command takes --run-dir
+    assert main(["explain", never, "--run-dir", run, *prior_set]) == 0  # every command takes --run-dir
     out = capsys.readouterr().out
     assert "never tried" in out and "no archived group" in out
 

@@ -253,3 +253,20 @@ def test_a_snapshot_of_another_sampler_is_refused_naming_both(written, read, say
     legacy = {k: v for k, v in state.items() if k not in ("sampler", "groups")}  # a snapshot from before they were kept
     with pytest.raises(ConfigError):
         read().load_state_dict(legacy)
+
+
+@pytest.mark.parametrize("prior, says, not_says", [
+    ("group", "drawn with its group's never-tried problems", "fixed random order"),
+    ("flat", "round-robin over groups", "from the whole pool"),
+    ("pooled", "drawn with the pool's never-tried problems", "round-robin over groups"),
+])
+def test_explain_words_a_never_tried_problem_as_its_prior_draws_it(prior, says, not_says):
+    """`prl explain`: under the pooled prior the task's groups play no part, and the
+    explanation does not say they do."""
+    from prl.cli.explain import why
+    from schemas.config import SchedulerConfig
+
+    cfg = SchedulerConfig(priority=PriorityConfig(prior=prior))
+    s = PrioritySampler(np.arange(40) % 4, cfg.priority, seed=0)
+    text = "\n".join(why(s, 0, cfg))
+    assert "never tried" in text and says in text and not_says not in text
