@@ -313,21 +313,59 @@ def real_task_base(task: str, pool: int) -> list[str]:
 
 
 def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: int, lrs: dict[str, float]) -> dict[str, list[dict]]:
+    """Every strategy on every seed, seed-major (a partial run still compares every strategy);
+    with ``--jobs N``, N runs at once, each in its own process."""
     from tqdm import tqdm
 
+    plan = [(seed, name) for seed in range(args.first_seed, args.first_seed + seeds) for name in strategies]
+    jobs = [(name, seed, budget, args.eval_every, base, [*([f"learner.lr={lrs[name]}"] if name in lrs else []), *args.set])
+            for seed, name in plan]
     results: dict[str, list[dict]] = {}
-    with tqdm(total=len(strategies) * seeds, desc="runs", unit="run") as bar:
-        for seed in range(args.first_seed, args.first_seed + seeds):  # seed-major: a partial run still compares every strategy
-            for name in strategies:
-                lr = [f"learner.lr={lrs[name]}"] if name in lrs else []
-                run = {"seed": seed, "lr": lrs.get(name), **one_run(name, seed, budget, args.eval_every, base, [*lr, *args.set])}
-                run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
-                run["final"] = run["smoothed"][-1]
-                results.setdefault(name, []).append(run)
-                write_json(args, runs=results)  # finished runs survive an interrupted benchmark
-                bar.set_postfix(strategy=name, acc=f"{run['final']:.3f}")
-                bar.update(1)
-    return results
+    with tqdm(total=len(plan), desc="runs", unit="run") as bar:
+        for (name, seed, *_), run in finished_runs(jobs, args.jobs):
+            run = {"seed": seed, "lr": lrs.get(name), **run}
+            run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
+            run["final"] = run["smoothed"][-1]
+            results.setdefault(name, []).append(run)
+            results[name].sort(key=lambda r: r["seed"])
+            write_json(args, runs=results)  # finished runs survive an interrupted benchmark
+            bar.set_postfix(strategy=name, acc=f"{run['final']:.3f}")
+            bar.update(1)
+    return {name: results[name] for name in strategies if name in results}
+
+
+def finished_runs(jobs: list[tuple], workers: int):
+    """(job, summary) of each ``one_run(*job)`` as it finishes: in this process one after
+    another, or in ``workers`` spawned processes (torch's threads shared out between them;
+    summaries come back as JSON text)."""
+    if workers == 1:
+        for job in jobs:
+            yield job, one_run(*job)
+        return
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker,
+                               initargs=(threads,))
+    try:
+        futures = {pool.submit(one_run_json, *job): job for job in jobs}
+        for future in as_completed(futures):
+            yield futures[future], json.loads(future.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def start_worker(threads: int) -> None:
+    import torch
+
+    quiet_console()
+    torch.set_num_threads(threads)
+
+
+def one_run_json(*job) -> str:
+    return json.dumps(one_run(*job))
 
 
 def setting(task: str | None, pool, heldout) -> str:
@@ -422,7 +460,7 @@ def commits_line(results: dict[str, list[dict]]) -> str:
 
 
 TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "strategies", "eval_every", "heldout", "pool", "lr",
-                  "set")  # what --from-json cannot apply: the stored runs were trained with their own
+                  "set", "jobs")  # what --from-json cannot apply: the stored runs were trained with their own
 
 
 def learning_rates(task: str | None, items: list[str]) -> dict[str, float]:
@@ -470,6 +508,8 @@ def main(argv=None) -> int:
                     "(after the strategy's learning rate)")
     ap.add_argument("--png", help="where the curves go (default docs/bench-learning-curves.png, with --task "
                     "docs/bench-learning-TASK-curves.png, so a real-task run never overwrites the built-in task's figure)")
+    ap.add_argument("--jobs", type=count, default=1, help="runs at once, each in its own process (default 1; 2 on this "
+                    "machine's 2 cores: benchmarks/RESULTS.md has the time it saves)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--from-json", nargs="+", metavar="PATH", help="train nothing: pool the runs of earlier --json "
                     "files of the same settings (other seeds or strategies) into one table, goal lines and figure")

@@ -161,10 +161,10 @@ def test_pooled_runs_name_the_commits_that_made_them(tmp_path, capsys):
 def test_a_training_flag_beside_from_json_fails_with_one_line(tmp_path, capsys):
     a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]})
     with pytest.raises(SystemExit) as exit_:
-        main(["--from-json", a, "--seeds", "3", "--set", "learner.lr=1e-4"])
+        main(["--from-json", a, "--seeds", "3", "--set", "learner.lr=1e-4", "--jobs", "2"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "--from-json trains nothing, so --seeds --set cannot apply" in err
+    assert "--from-json trains nothing, so --seeds --set --jobs cannot apply" in err
     assert "Traceback" not in err
 
 
@@ -180,3 +180,20 @@ def test_benchmark_json_records_the_commit_it_ran_from(tmp_path):
     checkout = (Path(__file__).parents[2] / ".git").exists() and shutil.which("git")
     if checkout:  # a clone, as in CI: the commit is named; an installed copy has none
         assert len(code["commit"]) == 40 and isinstance(code["dirty"], bool)
+
+
+@pytest.mark.slow
+def test_runs_in_parallel_processes_are_stored_as_sequential_ones_are(tmp_path):
+    """--jobs 2 runs each seed in its own process: the stored runs are the same strategies and
+    seeds in the same order, each a complete run summary, as with --jobs 1."""
+    stored_runs = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"j{jobs}.json"
+        assert main(["--budget", "256", "--eval-every", "128", "--seeds", "2", "--strategies", "uniform", "priority_flat",
+                     "--jobs", str(jobs), "--json", str(out), "--png", str(tmp_path / f"j{jobs}.png")]) == 0
+        stored_runs[jobs] = json.loads(out.read_text())["runs"]
+    one, two = stored_runs[1], stored_runs[2]
+    assert list(one) == list(two) == ["uniform", "priority_flat"]
+    for name in one:
+        assert [r["seed"] for r in one[name]] == [r["seed"] for r in two[name]] == [0, 1]
+        assert all(set(a) == set(b) and a["rollouts"] >= 256 and len(b["curve"]) >= 2 for a, b in zip(one[name], two[name]))
