@@ -30,6 +30,7 @@ random from its training split, the same draw for every run), fewer seeds and st
 
 ``--from-json A.json B.json ...`` trains nothing: it pools the runs of earlier invocations of
 the same settings (other seeds, other strategies) into one table, goal lines and figure.
+``--jobs N`` makes N runs at once, each in its own process.
 """
 
 from __future__ import annotations
@@ -487,7 +488,7 @@ def curves_path(task: str | None) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learning", description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 25 min on 2 cores); long: 8 seeds, 24k")
+    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 22 min on 2 cores, 14 with --jobs 2); long: 8 seeds, 24k")
     ap.add_argument("--task", help="a reasoning-gym task for the real model (e.g. chain_sum); default: the built-in task")
     ap.add_argument("--seeds", type=count, help="override the mode's seed count")
     ap.add_argument("--first-seed", type=natural, default=0, help="seeds first-seed .. first-seed + seeds - 1 (other seeds "
@@ -508,8 +509,8 @@ def main(argv=None) -> int:
                     "(after the strategy's learning rate)")
     ap.add_argument("--png", help="where the curves go (default docs/bench-learning-curves.png, with --task "
                     "docs/bench-learning-TASK-curves.png, so a real-task run never overwrites the built-in task's figure)")
-    ap.add_argument("--jobs", type=count, default=1, help="runs at once, each in its own process (default 1; 2 on this "
-                    "machine's 2 cores: benchmarks/RESULTS.md has the time it saves)")
+    ap.add_argument("--jobs", type=count, default=1, help="runs at once, each in its own process (default 1; "
+                    "on 2 cores --jobs 2 took the default mode from 22 to 14 min, benchmarks/RESULTS.md)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--from-json", nargs="+", metavar="PATH", help="train nothing: pool the runs of earlier --json "
                     "files of the same settings (other seeds or strategies) into one table, goal lines and figure")
