@@ -318,11 +318,10 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
     with ``--jobs N``, N runs at once, each in its own process."""
     from tqdm import tqdm
 
-    plan = [(seed, name) for seed in range(args.first_seed, args.first_seed + seeds) for name in strategies]
     jobs = [(name, seed, budget, args.eval_every, base, [*([f"learner.lr={lrs[name]}"] if name in lrs else []), *args.set])
-            for seed, name in plan]
+            for seed in range(args.first_seed, args.first_seed + seeds) for name in strategies]
     results: dict[str, list[dict]] = {}
-    with tqdm(total=len(plan), desc="runs", unit="run") as bar:
+    with tqdm(total=len(jobs), desc="runs", unit="run") as bar:
         for (name, seed, *_), run in finished_runs(jobs, args.jobs):
             run = {"seed": seed, "lr": lrs.get(name), **run}
             run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
