@@ -133,6 +133,12 @@ class Cluster:
             out.append([json.loads(line) for line in lines if line.startswith("{")])
         return out
 
+    def logged(self, name: str, *fragments: str) -> int:
+        """Lines of the current start's log of ``name`` that hold every fragment (the log is read
+        as the service writes it, so a line is matched by its text, not parsed)."""
+        path = self.dir / f"{name}.{self.starts[name] - 1}.log"
+        return sum(all(f in line for f in fragments) for line in path.read_text().splitlines()) if path.exists() else 0
+
     def tail(self, name: str) -> str:
         return (self.dir / f"{name}.{self.starts[name] - 1}.log").read_text()[-3000:]
 
@@ -282,6 +288,12 @@ def test_a_policy_hijack_is_refused_end_to_end(s3, tmp_path, run_name):
         cluster.wait_for_step(2)
         inject(cluster, POLICY, PolicyVersion(10**9, f"file://{tmp_path}/elsewhere/step-{10**9:08d}", 10**9, time.time()))
         inject(cluster, POLICY, PolicyVersion(10**9, "http://evil.example/step-1000000000", 10**9, time.time()))
+        # Both producers have refused both before producer-1 is killed (training can be fast
+        # enough to reach step 5 before they read the announcements).
+        def refused_both(name: str) -> bool:
+            return cluster.logged(name, '"event": "dead_lettered"', '"reason": "checkpoint_outside_run"') >= 2
+
+        wait_until(lambda: refused_both("producer-0") and refused_both("producer-1"), 120, "both producers to refuse both", 0.2)
         cluster.wait_for_step(5)
         cluster.kill("producer-1")
         cluster.start("producer-1")
