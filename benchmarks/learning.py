@@ -15,7 +15,13 @@ Strategies (all through the same scheduler, replay and learner):
 - ``replay_alone``: uniform choice with rollout replay (tau_max, advantage priority);
 - ``naive_replay``: uniform choice with replay drawn uniformly from the buffer and no age rule;
 - ``full``: group prior, retest, rollout replay;
-- ``full_pooled``: the full method without a label: pooled prior, retest, rollout replay.
+- ``full_pooled``: the full method without a label: pooled prior, retest, rollout replay;
+- ``priority_likelihood``: the group prior over groups the model makes, not a label: the starting
+  policy's probability of each problem's reference answer, in 8 quantile bins
+  (prl/tasks/likelihood.py, as `prl data likelihood` writes them). The scoring pass is charged
+  as one rollout per problem: its curve starts that many rollouts in and its budget is that
+  much smaller;
+- ``full_likelihood``: the full method with those groups: retest, rollout replay.
 Every strategy but DAPO takes one optimizer step per ``groups_per_batch`` groups generated.
 Every run is evaluated every ``--eval-every`` rollouts generated (not steps), so strategies
 are compared at equal generation cost. Reported: rollouts to each target (median over seeds,
@@ -62,7 +68,11 @@ STRATEGIES = {
                      "scheduler.tau_max=1000000"],
     "full": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", "scheduler.replay.enabled=true"],
     "full_pooled": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='pooled'", "scheduler.replay.enabled=true"],
+    "priority_likelihood": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", NO_REPLAY],
+    "full_likelihood": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", "scheduler.replay.enabled=true"],
 }
+LIKELIHOOD = {"priority_likelihood", "full_likelihood"}  # groups from the starting policy's answer likelihoods
+LIKELIHOOD_BINS = 8
 # What the default mode runs (the issue's strategies and controls; about 22 min on 2 cores): the
 # pooled-prior ones only when named, with --strategies.
 DEFAULT_STRATEGIES = ["uniform", "dapo_filter", "priority_flat", "priority_group", "priority_shuffled", "replay_alone",
@@ -102,21 +112,39 @@ def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str],
     from schemas.config import load_config
 
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = load_config(overrides=[*base, *STRATEGIES[name], f"run.run_dir='{run_dir}'", f"run.seed={seed}",
-                                     f"learner.eval_every_rollouts={eval_every}", *extra])
-        summary = run_pipeline(cfg, progress=False, max_rollouts=budget)
+        overrides = [*base, *STRATEGIES[name], f"run.run_dir='{run_dir}'", f"run.seed={seed}",
+                     f"learner.eval_every_rollouts={eval_every}", *extra]
+        scored = 0
+        if name in LIKELIHOOD:
+            scored = likelihood_groups(load_config(overrides=overrides), f"{run_dir}/groups.parquet")
+            overrides.append(f"scheduler.priority.groups_path='{run_dir}/groups.parquet'")
+        cfg = load_config(overrides=overrides)
+        summary = run_pipeline(cfg, progress=False, max_rollouts=budget - scored)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
-    return summarize_run(rows, summary, cfg.sampling.group_size)
+    return summarize_run(rows, summary, cfg.sampling.group_size, scored)
 
 
-def summarize_run(rows: list[dict], summary: dict, group_size: int) -> dict:
+def likelihood_groups(cfg, out: str) -> int:
+    """Score the run's training problems with its starting policy into a groups file ``out``;
+    the problems scored, charged as that many rollouts."""
+    from prl.tasks import train_problems
+    from prl.tasks.likelihood import score_into_groups
+
+    problems = train_problems(cfg.task)
+    score_into_groups(problems, cfg.model.path, out, LIKELIHOOD_BINS, cfg.model.dtype, cfg.sampling.temperature)
+    return len(problems)
+
+
+def summarize_run(rows: list[dict], summary: dict, group_size: int, charged: int = 0) -> dict:
+    """One run's figures; ``charged`` rollouts of work before the run (a scoring pass) move its
+    curve that far along the rollouts axis."""
     evals = [r for r in rows if "learner/eval/accuracy" in r]
     sched = [r for r in rows if r["service"] == "scheduler"][-1]
     steps = [r for r in rows if "learner/loss" in r]
     returned, share = sched["scheduler/groups_returned"], sched["scheduler/signal_share"]
     replay_steps = [r for r in steps if r.get("learner/replay/clip_fraction") is not None]
     return {
-        "curve": [(r["rollouts_generated"], r["learner/eval/accuracy"]) for r in evals],
+        "curve": [(r["rollouts_generated"] + charged, r["learner/eval/accuracy"]) for r in evals],
         "by_difficulty": {k.rsplit("_", 1)[-1]: [r[k] for r in evals] for k in evals[-1] if k.startswith("learner/eval/accuracy_")},
         "start": evals[0]["learner/eval/accuracy"], "signal_share": share,
         "zero_signal_rollouts": round(returned * (1 - share) * group_size),
@@ -130,7 +158,8 @@ def summarize_run(rows: list[dict], summary: dict, group_size: int) -> dict:
         "replay_evicted_never_drawn": sched.get("scheduler/replay/evicted_never_drawn", 0),
         "clip_fresh": statistics.mean(r.get("learner/fresh/clip_fraction", 0.0) for r in steps) if steps else 0.0,
         "clip_replay": statistics.mean(r["learner/replay/clip_fraction"] for r in replay_steps) if replay_steps else None,
-        "rollouts": summary["rollouts_generated"], "seconds": summary["seconds"], "steps": summary["steps"],
+        "rollouts": summary["rollouts_generated"] + charged, "charged_rollouts": charged,
+        "seconds": summary["seconds"], "steps": summary["steps"],
     }
 
 
@@ -214,6 +243,7 @@ def median_difference(a: list[float], b: list[float]) -> float:
 
 
 GOAL_PAIRS = (("priority_flat", "uniform", "<= 0.7"), ("priority_pooled", "uniform", "<= 0.7"),
+              ("priority_likelihood", "uniform", "<= 0.7"), ("full_likelihood", "dapo_filter", "<= 0.6"),
               ("priority_shuffled", "uniform", "<= 1.0"), ("full", "dapo_filter", "<= 0.6"))
 
 

@@ -27,6 +27,7 @@ from prl.tasks import train_problems
 from prl.formulas import has_signal
 from scheduler.batches import compose_batch
 from scheduler.replay import ReplayBuffer
+from prl.tasks.likelihood import read_groups
 from scheduler.archive import RolloutArchive
 from scheduler.archive import root as archive_root
 from scheduler.samplers import make_sampler
@@ -37,11 +38,14 @@ from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 
 def problem_groups(cfg, problems) -> tuple[list[str], np.ndarray]:
-    """(group names, each problem's group index) for the sampler's prior; with
-    ``shuffle_groups`` the labels are permuted across problems (a control)."""
-    names = sorted({p.group_key for p in problems})
+    """(group names, each problem's group index) for the sampler's prior: the task's labels, or
+    those of ``groups_path`` (e.g. answer-likelihood bins); with ``shuffle_groups`` the labels
+    are permuted across problems (a control)."""
+    path = cfg.scheduler.priority.groups_path
+    keys = read_groups(path, [p.id for p in problems]) if path else [p.group_key for p in problems]
+    names = sorted(set(keys))
     index = {g: i for i, g in enumerate(names)}
-    labels = np.asarray([index[p.group_key] for p in problems])
+    labels = np.asarray([index[k] for k in keys])
     if cfg.scheduler.priority.shuffle_groups:
         labels = np.random.default_rng(cfg.run.seed).permutation(labels)
     return names, labels

@@ -157,6 +157,12 @@ def add_data(sub) -> None:
                     help="generator setting, e.g. --set max_value=30 (repeatable)")
     rg.add_argument("--system", default=None, help="system prompt (default: 'Answer with only the final answer.')")
     rg.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    ll = dsub.add_parser("likelihood", help="difficulty groups without a label: the model's probability of each training "
+                         "problem's answer, in quantile bins, for scheduler.priority.groups_path")
+    common(ll)
+    ll.add_argument("--out", required=True, help="the groups file to write (.parquet or .jsonl; local or fsspec URI)")
+    ll.add_argument("--bins", type=count, default=8, help="quantile bins of the scores (default 8)")
+    ll.add_argument("--model", help="model to score with (default: the config's model.path, the run's starting policy)")
 
 
 def add_config(sub) -> None:

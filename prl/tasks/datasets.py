@@ -23,14 +23,16 @@ class DatasetError(ValueError):
     pass
 
 
-def read_rows(uri: str) -> list[dict]:
-    """The rows of a .parquet or .jsonl dataset file; a missing or unreadable file is one
-    DatasetError naming it."""
+DATASET_HINT = "task.train_path / task.heldout_path; `prl data reasoning-gym` makes a dataset"
+
+
+def read_rows(uri: str, hint: str = DATASET_HINT) -> list[dict]:
+    """The rows of a .parquet or .jsonl file; a missing or unreadable file is one DatasetError
+    naming it (and, if missing, ``hint``: which setting names it, what makes one)."""
     try:
         return _read_rows(uri)
     except FileNotFoundError:
-        raise DatasetError(f"{uri}: no such file (task.train_path / task.heldout_path; "
-                           "`prl data reasoning-gym` makes a dataset)") from None
+        raise DatasetError(f"{uri}: no such file ({hint})") from None
     except pa.ArrowException as exc:
         raise DatasetError(f"{uri}: not a readable Parquet file ({exc}); write it again") from None
     except UnicodeDecodeError as exc:
