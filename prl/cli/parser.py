@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights")
+BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "likelihood", "real", "scale",
+              "weights")
 
 
 def number_type(convert, ok, what: str):

@@ -30,7 +30,7 @@ def answer_token_ids(tokenizer, problem) -> tuple[list[int], list[int]]:
     return encode_prompt(tokenizer, problem.prompt, problem.chat), answer + [tokenizer.eos_token_id]
 
 
-def answer_logprobs(model, tokenizer, problems, temperature: float = 1.0, batch_size: int = 32, progress=None) -> np.ndarray:
+def answer_logprobs(model, tokenizer, problems, temperature: float = 1.0, batch_size: int = 128, progress=None) -> np.ndarray:
     """log P(answer, end of text | prompt) of every problem, summed over the answer's tokens,
     with the logits divided by ``temperature`` as the producer samples. ``progress(n)`` is
     called after each batch with the problems scored so far."""

@@ -197,3 +197,17 @@ def test_runs_in_parallel_processes_are_stored_as_sequential_ones_are(tmp_path):
     for name in one:
         assert [r["seed"] for r in one[name]] == [r["seed"] for r in two[name]] == [0, 1]
         assert all(set(a) == set(b) and a["rollouts"] >= 256 and len(b["curve"]) >= 2 for a, b in zip(one[name], two[name]))
+
+
+@pytest.mark.slow
+def test_the_likelihood_strategy_is_charged_its_scoring_pass(tmp_path):
+    """priority_likelihood scores every training problem before it trains: its curve starts a
+    rollout per problem in, and its runs end at the same budget as the others'."""
+    out = tmp_path / "ll.json"
+    assert main(["--budget", "320", "--eval-every", "128", "--seeds", "1", "--pool", "[4, 8, 8, 8]", "--strategies",
+                 "uniform", "priority_likelihood", "--json", str(out), "--png", str(tmp_path / "ll.png")]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    (uniform,), (scored,) = runs["uniform"], runs["priority_likelihood"]
+    assert scored["charged_rollouts"] == 28 and scored["curve"][0][0] == 28
+    assert uniform["charged_rollouts"] == 0 and uniform["curve"][0][0] == 0
+    assert abs(scored["rollouts"] - uniform["rollouts"]) <= 64  # the same budget, up to a step's overshoot

@@ -2,6 +2,7 @@
 scheduler.priority.groups_path)."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -109,3 +110,12 @@ def test_cli_writes_groups_the_scheduler_uses(tmp_path, capsys):
     assert by_digits[3] <= {"0", "1"} and "3" not in by_digits[3]  # the 3-digit sums are the least likely
     assert main(["data", "likelihood", "--out", out, "--model", str(tmp_path / "nomodel")]) == 2
     assert "nomodel" in capsys.readouterr().err
+
+
+def test_the_benchmarks_rank_correlation_gives_ties_their_mean_rank():
+    from benchmarks.likelihood import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([0, 0, 1, 2], [0, 0, 5, 9]) == pytest.approx(1.0)  # tied at the bottom on both sides
+    assert math.isnan(spearman([1, 2, 3], [0, 0, 0]))
