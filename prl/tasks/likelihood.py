@@ -23,17 +23,21 @@ from prl.tasks.datasets import DatasetError, read_rows
 
 
 def answer_token_ids(tokenizer, problem) -> tuple[list[int], list[int]]:
-    """(prompt ids as the producer encodes them, answer ids + end of text)."""
+    """(prompt ids as the producer encodes them, answer ids + end of text); the answer as a
+    completion would write it (``prl.rewards.answer_text``)."""
     from prl.generation import encode_prompt
+    from prl.rewards import answer_text
 
-    answer = list(tokenizer(problem.answer, add_special_tokens=False)["input_ids"])
+    answer = list(tokenizer(answer_text(problem.answer), add_special_tokens=False)["input_ids"])
     return encode_prompt(tokenizer, problem.prompt, problem.chat), answer + [tokenizer.eos_token_id]
 
 
-def answer_logprobs(model, tokenizer, problems, temperature: float = 1.0, batch_size: int = 128, progress=None) -> np.ndarray:
+def answer_logprobs(model, tokenizer, problems, temperature: float = 1.0, batch_size: int = 64, progress=None) -> np.ndarray:
     """log P(answer, end of text | prompt) of every problem, summed over the answer's tokens,
-    with the logits divided by ``temperature`` as the producer samples. ``progress(n)`` is
-    called after each batch with the problems scored so far."""
+    with the logits divided by ``temperature`` as the producer samples. Rows are padded on the
+    left with positions counted from each row's first token, as ``generate`` pads them, so every
+    answer ends at the last position and only the last (longest answer + 1) positions need
+    logits. ``progress(n)`` is called after each batch with the problems scored so far."""
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -42,13 +46,15 @@ def answer_logprobs(model, tokenizer, problems, temperature: float = 1.0, batch_
     for start in range(0, len(problems), batch_size):
         pairs = [answer_token_ids(tokenizer, p) for p in problems[start : start + batch_size]]
         width = max(len(q) + len(a) for q, a in pairs)
-        ids = torch.tensor([q + a + [pad] * (width - len(q) - len(a)) for q, a in pairs])
-        mask = torch.tensor([[1] * (len(q) + len(a)) + [0] * (width - len(q) - len(a)) for q, a in pairs])
+        keep = max(len(a) for _, a in pairs) + 1
+        ids = torch.tensor([[pad] * (width - len(q) - len(a)) + q + a for q, a in pairs])
+        mask = torch.tensor([[0] * (width - len(q) - len(a)) + [1] * (len(q) + len(a)) for q, a in pairs])
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float() / temperature
-        token_logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
-        for row, (q, a) in enumerate(pairs):
-            out[start + row] = float(token_logp[row, len(q) - 1 : len(q) + len(a) - 1].sum())
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                           logits_to_keep=keep).logits[:, -keep:-1].float() / temperature
+        token_logp = torch.log_softmax(logits, -1).gather(-1, ids[:, width - keep + 1 :, None])[..., 0]
+        for row, (_, a) in enumerate(pairs):
+            out[start + row] = float(token_logp[row, keep - 1 - len(a) :].sum())
         if progress is not None:
             progress(min(start + batch_size, len(problems)))
     return out

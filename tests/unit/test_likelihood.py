@@ -119,3 +119,16 @@ def test_the_benchmarks_rank_correlation_gives_ties_their_mean_rank():
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([0, 0, 1, 2], [0, 0, 5, 9]) == pytest.approx(1.0)  # tied at the bottom on both sides
     assert math.isnan(spearman([1, 2, 3], [0, 0, 0]))
+
+
+def test_a_reasoning_gym_ground_truth_is_scored_as_the_answer_a_completion_writes():
+    from prl.rewards import answer_text
+
+    truth = json.dumps({"answer": "85", "task": "chain_sum", "settings": {}, "entry": {"question": "69 + 16 =", "answer": "85"}})
+    assert answer_text(truth) == "85"
+    assert answer_text("15") == "15" and answer_text("{not json") == "{not json" and answer_text('{"x": 1}') == '{"x": 1}'
+    tokenizer = TransformersBackend.from_path("builtin:tiny-adder").tokenizer
+    from prl.tasks.likelihood import answer_token_ids
+
+    _, ids = answer_token_ids(tokenizer, Problem("p", "69+16=", json.dumps({"answer": "58"}), 2))
+    assert ids == tokenizer("58", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
