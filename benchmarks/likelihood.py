@@ -6,7 +6,8 @@ ranking. On the training pool `prl bench learning` uses (the built-in task, or `
 chain_sum`` on SmolLM2-135M-Instruct), every problem is scored once with the starting policy and
 sampled ``--samples`` times at the run's settings, rewarded by the run's reward function.
 Printed side by side, against the sampled success rate: the rank correlation (Spearman) of the
-score and of the difficulty label (the baseline: the column the group prior would use); how the
+score, of its bins and of the difficulty label's groups (the baseline: the column the group prior
+uses), each group standing at its own mean rate, as the group prior learns it; how the
 sampled rate varies across the score's bins and across the label's groups; the share of problems
 no sample solved found in the score's lower half of bins; and the cost, the scoring pass's seconds
 against sampling one completion per problem.
@@ -52,6 +53,13 @@ def sampled_success(backend, problems, reward_fn, sampling, samples: int, progre
         if progress:
             progress(len(rates))
     return np.asarray(rates)
+
+
+def group_means(rates: np.ndarray, keys) -> np.ndarray:
+    """Each problem's group's mean rate: what the group prior learns of it from first visits."""
+    keys = np.asarray([str(k) for k in keys])
+    means = {k: rates[keys == k].mean() for k in set(keys)}
+    return np.asarray([means[k] for k in keys])
 
 
 def by_group(rates: np.ndarray, keys) -> dict[str, dict]:
@@ -105,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = {
         "task": args.task or "builtin", "problems": len(problems), "samples": args.samples,
         "spearman_score": spearman(scores, rates),
-        "spearman_label": spearman([-float(p.difficulty) for p in problems], rates),  # harder, less often solved
+        "spearman_score_bins": spearman(group_means(rates, bins), rates),
+        "spearman_label": spearman(group_means(rates, labels), rates),
         "never_solved_share": float(never.mean()),
         "never_solved_in_lower_half_of_bins": float((never & lower).sum() / max(1, never.sum())),
         "with_signal_share": float(((rates > 0) & (rates < 1)).mean()),
@@ -115,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{figures['task']}: {len(problems)} training problems, {args.samples} samples each at temperature "
           f"{sampling.temperature}, {sampling.max_tokens} tokens; never solved {figures['never_solved_share']:.2f}, "
           f"with a signal {figures['with_signal_share']:.2f}")
-    print(f"{'ranks problems by sampled success':<40}{'rank corr.':>11}")
-    print(f"{'answer-likelihood score (no label)':<40}{figures['spearman_score']:>11.2f}")
-    print(f"{'difficulty label, reversed (baseline)':<40}{figures['spearman_label']:>11.2f}")
+    print(f"{'rank correlation with sampled success':<52}{'':>3}")
+    print(f"{'answer-likelihood score (no label)':<52}{figures['spearman_score']:>6.2f}")
+    print(f"{f'its {args.bins} bins, each at its mean rate (no label)':<52}{figures['spearman_score_bins']:>6.2f}")
+    print(f"{'the difficulty label, each group at its mean rate':<52}{figures['spearman_label']:>6.2f}")
     print("sampled success by score bin (0 = least likely): " + ", ".join(
         f"{k}: {v['success_mean']:.2f} ({v['problems']})" for k, v in figures["by_bin"].items()))
     print("sampled success by label: " + ", ".join(
