@@ -266,11 +266,13 @@ def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None =
             r = None if not (t[a][key] and t[b][key]) else t[a][key] / t[b][key]
             extra = interval(rollouts_ratio, *([crossing(run, target) for run in results[n]] for n in (a, b)), ".2f") if results else ""
             lines.append(f"target {target}: {a} / {b} rollouts {'-' if r is None else f'{r:.2f}'}{extra} (goal {goal})")
-    if "full" in t and "dapo_filter" in t:
-        diff = 100 * (t["full"]["final_median"] - t["dapo_filter"]["final_median"])
-        extra = interval(lambda a, b: 100 * median_difference(a, b), *([run["final"] for run in results[n]] for n in ("full", "dapo_filter")),
+    for full in ("full", "full_likelihood"):
+        if full not in t or "dapo_filter" not in t:
+            continue
+        diff = 100 * (t[full]["final_median"] - t["dapo_filter"]["final_median"])
+        extra = interval(lambda a, b: 100 * median_difference(a, b), *([run["final"] for run in results[n]] for n in (full, "dapo_filter")),
                          "+.1f") if results else ""
-        lines.append(f"final accuracy, full - dapo_filter (medians): {diff:+.1f} points{extra} (goal >= +3)")
+        lines.append(f"final accuracy, {full} - dapo_filter (medians): {diff:+.1f} points{extra} (goal >= +3)")
     return lines
 
 
@@ -491,7 +493,7 @@ def commits_line(results: dict[str, list[dict]]) -> str:
     return f"code: {text}" + ("; runs of different commits pooled" if len(counts) > 1 else "")
 
 
-TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "strategies", "eval_every", "heldout", "pool", "lr",
+TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "eval_every", "heldout", "pool", "lr",
                   "set", "jobs")  # what --from-json cannot apply: the stored runs were trained with their own
 
 
@@ -526,7 +528,8 @@ def main(argv=None) -> int:
                     "than the reported ones, to tune a setting on)")
     ap.add_argument("--budget", type=count, help="rollouts generated per run (override the mode's)")
     ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), help="default: every one but the pooled-prior "
-                    "ones on the built-in task; uniform, dapo_filter, priority_flat and full with --task")
+                    "and likelihood-group ones on the built-in task; uniform, dapo_filter, priority_flat and full with "
+                    "--task; with --from-json, the stored strategies to show")
     ap.add_argument("--targets", type=fraction, nargs="+", default=[0.36, 0.38], help="held-out accuracies to reach (smoothed)")
     ap.add_argument("--eval-every", type=count, default=512, help="rollouts generated between evaluations")
     ap.add_argument("--smooth", type=count, default=3, help="evaluations in the trailing mean of the accuracy")
@@ -550,11 +553,17 @@ def main(argv=None) -> int:
         given = [f"--{k.replace('_', '-')}" for k in TRAINING_FLAGS if getattr(args, k) != ap.get_default(k)]
         if given:
             ap.error(f"--from-json trains nothing, so {' '.join(given)} cannot apply: the stored runs keep the "
-                     "settings they were trained with (only --smooth, --targets, --png and --json do)")
+                     "settings they were trained with (only --strategies, --smooth, --targets, --png and --json do)")
         try:
             results, stored, rates = pooled_runs(args.from_json, args.smooth)
         except ValueError as exc:
             ap.error(str(exc))
+        if args.strategies:  # show only these, in this order
+            missing = [name for name in args.strategies if name not in results]
+            if missing:
+                ap.error(f"--strategies {' '.join(missing)}: not in the stored runs ({', '.join(results)})")
+            results = {name: results[name] for name in args.strategies}
+            rates = {name: rate for name, rate in rates.items() if name in results}
         task, pool = stored.get("task"), stored.get("pool")
         budget = stored.get("budget") or (REAL["budget"] if task else MODES[stored.get("mode", "default")][1])
         args.png = args.png or curves_path(task)

@@ -211,3 +211,14 @@ def test_the_likelihood_strategy_is_charged_its_scoring_pass(tmp_path):
     assert scored["charged_rollouts"] == 28 and scored["curve"][0][0] == 28
     assert uniform["charged_rollouts"] == 0 and uniform["curve"][0][0] == 0
     assert abs(scored["rollouts"] - uniform["rollouts"]) <= 64  # the same budget, up to a step's overshoot
+
+
+def test_stored_runs_can_be_shown_for_some_strategies_only(tmp_path, capsys):
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]], "priority_flat": [[0.1, 0.3]], "full": [[0.1, 0.4]]})
+    assert main(["--from-json", a, "--strategies", "full", "uniform", "--png", str(tmp_path / "c.png")]) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith(("uniform", "full", "priority"))]
+    assert rows == ["full", "uniform"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--from-json", a, "--strategies", "dapo_filter"])
+    assert exit_.value.code == 2
+    assert "--strategies dapo_filter: not in the stored runs (uniform, priority_flat, full)" in capsys.readouterr().err
