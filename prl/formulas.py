@@ -23,19 +23,6 @@ def bernoulli_variance(p):
     return p * (1 - p)
 
 
-def pool_adjacent_violators(values, weights) -> np.ndarray:
-    """The weighted least-squares non-decreasing fit of ``values`` in their order (isotonic
-    regression by pool-adjacent-violators): neighbours that break the order are merged into
-    one block at their weighted mean, until none does."""
-    blocks: list[list[float]] = []  # [weighted mean, weight, members]
-    for v, w in zip(np.asarray(values, dtype=np.float64).tolist(), np.asarray(weights, dtype=np.float64).tolist()):
-        blocks.append([v, w, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (v2, w2, n2), (v1, w1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.repeat([b[0] for b in blocks], [b[2] for b in blocks])
-
-
 def decay_factor(elapsed_versions, half_life_versions: float):
     """0.5 ^ (elapsed / half_life): the weight left on an outcome ``elapsed`` versions old."""
     return 0.5 ** (np.asarray(elapsed_versions) / half_life_versions)

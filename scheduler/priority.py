@@ -43,7 +43,7 @@ from collections import deque
 
 import numpy as np
 
-from prl.formulas import bernoulli_variance, decay_factor, exponential_clock, pool_adjacent_violators, success_estimate
+from prl.formulas import bernoulli_variance, decay_factor, exponential_clock, success_estimate
 from scheduler.snapshot import expect_state
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
@@ -88,23 +88,11 @@ class PrioritySampler:
         self.version = self.last_retest_version = 0
         self.dispatched = self.retests_dispatched = self.unseen_dispatched = 0
         self.unseen_cursor = 0  # round-robin over groups for the never-tried floor
-        self._fit_ordered_rates()
         self._arm_groups(range(self.num_groups))
 
     # -- estimates ------------------------------------------------------------------
     def group_rate(self, g) -> float | np.ndarray:
-        """A group's rate over its problems' first groups, Beta(1, 1) smoothed; with
-        ``ordered_groups`` fitted non-decreasing in the groups' order."""
-        if self.cfg.ordered_groups:
-            return self._ordered_rates[g]
         return success_estimate(self.group_successes[g], self.group_attempts[g], 1.0, 1.0)
-
-    def _fit_ordered_rates(self) -> None:
-        """Ordered groups (e.g. answer-likelihood bins, least likely first): each group's smoothed
-        rate, weighted by its attempts + 2, made non-decreasing by pooling neighbours, so a bin
-        that has not been tried yet is held below a tried bin above it that never succeeds."""
-        self._ordered_rates = pool_adjacent_violators(
-            success_estimate(self.group_successes, self.group_attempts, 1.0, 1.0), self.group_attempts + 2.0)
 
     def prior(self, idx) -> tuple:
         """(a, b): the Beta prior of problems ``idx``."""
@@ -234,10 +222,7 @@ class PrioritySampler:
             groups = self._group_np[idx[first]]
             self.group_successes += np.bincount(groups, solved[first], self.num_groups)
             self.group_attempts += np.bincount(groups, attempts[first], self.num_groups)
-            if self.cfg.ordered_groups:  # one group's results can move its neighbours' rates
-                self._fit_ordered_rates()
-                self._arm_groups(range(self.num_groups))
-            elif self.shared_prior:
+            if self.shared_prior:
                 self._arm_groups(np.unique(groups).tolist())
 
     def _route(self, idx, solved, attempts) -> None:
@@ -379,7 +364,6 @@ class PrioritySampler:
             getattr(self, f"_{name}_np")[:] = np.asarray(st["arrays"][name])
         self.group_successes = np.asarray(st["group_successes"], dtype=np.float64).copy()
         self.group_attempts = np.asarray(st["group_attempts"], dtype=np.float64).copy()
-        self._fit_ordered_rates()
         self.unseen_order = [array("i", np.asarray(st["unseen_order"][str(g)], dtype=np.int32).tobytes())
                              for g in range(self.num_groups)]
         self.unseen_pos = list(st["unseen_pos"])

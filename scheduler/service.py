@@ -39,13 +39,11 @@ from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 def problem_groups(cfg, problems) -> tuple[list[str], np.ndarray]:
     """(group names, each problem's group index) for the sampler's prior: the task's labels, or
-    those of ``groups_path`` (e.g. answer-likelihood bins), in name order (by number for
-    ``ordered_groups``); with ``shuffle_groups`` the labels are permuted across problems (a
-    control)."""
+    those of ``groups_path`` (e.g. answer-likelihood bins); with ``shuffle_groups`` the labels
+    are permuted across problems (a control)."""
     path = cfg.scheduler.priority.groups_path
     keys = read_groups(path, [p.id for p in problems]) if path else [p.group_key for p in problems]
-    numeric = cfg.scheduler.priority.ordered_groups and all(k.lstrip("-").isdigit() for k in keys)
-    names = sorted(set(keys), key=int if numeric else None)  # ordered groups by number: 2 before 10
+    names = sorted(set(keys))
     index = {g: i for i, g in enumerate(names)}
     labels = np.asarray([index[k] for k in keys])
     if cfg.scheduler.priority.shuffle_groups:

@@ -96,7 +96,6 @@ class PriorityConfig(Section):
     mode: Literal["greedy", "gumbel"] = Field("gumbel", description="greedy: highest priority first; gumbel: each pick in proportion to priority among the problems choosable then (exponential clocks).")
     shuffle_groups: bool = Field(False, description="A control for the group prior: the task's group labels permuted across problems (same group sizes, no information).")
     groups_path: str | None = Field(None, description="A file of (id, group) rows whose groups replace the task's labels for the group prior, e.g. the answer-likelihood bins `prl data likelihood` writes: groups without a difficulty label. Needs prior = 'group'.")
-    ordered_groups: bool = Field(False, description="The groups are ordered, least often solved first (e.g. the answer-likelihood bins of `prl data likelihood`): group rates are fitted non-decreasing in that order (pool-adjacent-violators), so a bin also learns from its neighbours. Needs prior = 'group'; groups are ordered by number when every name is one.")
     retest: bool = Field(True, description="Move always-solved / always-failed problems to retest pools.")
     retest_after: int = Field(1, ge=1, le=100, description="Consecutive all-solved (all-failed) groups that move a problem to a pool.")
     retest_interval: int = Field(10, ge=1, description="Learner versions between retest rounds.")
@@ -199,8 +198,6 @@ class Config(Section):
         if self.producer.drop_zero_signal_completions and not self.filters_zero_variance:
             raise ValueError("producer.drop_zero_signal_completions needs the zero-variance filter "
                              "(scheduler.filter_zero_variance), or the scheduler would train groups without completions")
-        if self.scheduler.priority.ordered_groups and self.scheduler.priority.prior != "group":
-            raise ValueError("scheduler.priority.ordered_groups needs scheduler.priority.prior = 'group'")
         if self.scheduler.priority.groups_path and self.scheduler.priority.prior != "group":
             raise ValueError("scheduler.priority.groups_path needs scheduler.priority.prior = 'group' (the groups are "
                              "the group prior's)")
