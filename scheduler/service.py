@@ -24,10 +24,10 @@ import numpy as np
 from prl.service import Service, ServiceStopped
 from prl.trust import checkpoint_problem
 from prl.tasks import train_problems
+from prl.tasks.likelihood import read_groups
 from prl.formulas import has_signal
 from scheduler.batches import compose_batch
 from scheduler.replay import ReplayBuffer
-from prl.tasks.likelihood import read_groups
 from scheduler.archive import RolloutArchive
 from scheduler.archive import root as archive_root
 from scheduler.samplers import make_sampler
