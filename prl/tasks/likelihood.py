@@ -96,6 +96,8 @@ def score_into_groups(problems, model_path: str, out: str, bins: int, dtype: str
     file ``out``: (scores, bins)."""
     from prl.models import load_model, load_tokenizer
 
+    if not out.endswith((".parquet", ".jsonl")):  # before the work, not after it
+        raise DatasetError(f"{out}: unknown format (name it .parquet or .jsonl)")
     scores = answer_logprobs(load_model(model_path, dtype), load_tokenizer(model_path), problems, temperature,
                              progress=progress)
     groups = quantile_bins(scores, bins)

@@ -110,6 +110,8 @@ def test_cli_writes_groups_the_scheduler_uses(tmp_path, capsys):
     assert by_digits[3] <= {"0", "1"} and "3" not in by_digits[3]  # the 3-digit sums are the least likely
     assert main(["data", "likelihood", "--out", out, "--model", str(tmp_path / "nomodel")]) == 2
     assert "nomodel" in capsys.readouterr().err
+    assert main(["data", "likelihood", "--out", str(tmp_path / "groups.csv")]) == 2
+    assert "groups.csv: unknown format (name it .parquet or .jsonl)" in capsys.readouterr().err
 
 
 def test_the_benchmarks_rank_correlation_gives_ties_their_mean_rank():
