@@ -63,6 +63,7 @@ def group_means(rates: np.ndarray, keys) -> np.ndarray:
 
 
 def by_group(rates: np.ndarray, keys) -> dict[str, dict]:
+    """Per group, for the table: its problem count and mean sampled rate (shorter names first)."""
     keys = np.asarray([str(k) for k in keys])
     return {k: {"problems": int((keys == k).sum()), "success_mean": float(rates[keys == k].mean())}
             for k in sorted(set(keys), key=lambda k: (len(k), k))}
