@@ -8,7 +8,8 @@ sampled ``--samples`` times at the run's settings, rewarded by the run's reward 
 Printed side by side, against the sampled success rate: the rank correlation (Spearman) of the
 score, of its bins and of the difficulty label's groups (the baseline: the column the group prior
 uses), each group standing at its own mean rate, as the group prior learns it; how the
-sampled rate varies across the score's bins and across the label's groups; the share of problems
+sampled rate varies across the score's bins (beside each bin's mean exp(score), the rate the
+group prior starts it at with ``score_start``) and across the label's groups; the share of problems
 no sample solved found in the score's lower half of bins; and the cost, the scoring pass's seconds
 against sampling one completion per problem.
 """
@@ -62,11 +63,15 @@ def group_means(rates: np.ndarray, keys) -> np.ndarray:
     return np.asarray([means[k] for k in keys])
 
 
-def by_group(rates: np.ndarray, keys) -> dict[str, dict]:
-    """Per group, for the table: its problem count and mean sampled rate (shorter names first)."""
+def by_group(rates: np.ndarray, keys, expected: np.ndarray | None = None) -> dict[str, dict]:
+    """Per group, for the table: its problem count and mean sampled rate (shorter names first),
+    and with ``expected`` (each problem's exp(score)) the mean rate the score expects."""
     keys = np.asarray([str(k) for k in keys])
-    return {k: {"problems": int((keys == k).sum()), "success_mean": float(rates[keys == k].mean())}
-            for k in sorted(set(keys), key=lambda k: (len(k), k))}
+    out = {k: {"problems": int((keys == k).sum()), "success_mean": float(rates[keys == k].mean())}
+           for k in sorted(set(keys), key=lambda k: (len(k), k))}
+    for k in out if expected is not None else ():
+        out[k]["expected_mean"] = float(expected[keys == k].mean())
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         "never_solved_share": float(never.mean()),
         "never_solved_in_lower_half_of_bins": float((never & lower).sum() / max(1, never.sum())),
         "with_signal_share": float(((rates > 0) & (rates < 1)).mean()),
-        "by_bin": by_group(rates, bins), "by_label": by_group(rates, labels),
+        "by_bin": by_group(rates, bins, np.exp(scores)), "by_label": by_group(rates, labels),
         "score_seconds": score_s, "sampling_seconds_per_completion_per_problem": sample_s / args.samples,
     }
     print(f"{figures['task']}: {len(problems)} training problems, {args.samples} samples each at temperature "
@@ -129,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'answer-likelihood score (no label)':<52}{figures['spearman_score']:>6.2f}")
     print(f"{f'its {args.bins} bins, each at its mean rate (no label)':<52}{figures['spearman_score_bins']:>6.2f}")
     print(f"{'the difficulty label, each group at its mean rate':<52}{figures['spearman_label']:>6.2f}")
-    print("sampled success by score bin (0 = least likely): " + ", ".join(
-        f"{k}: {v['success_mean']:.2f} ({v['problems']})" for k, v in figures["by_bin"].items()))
+    print("sampled success by score bin (0 = least likely), beside the mean exp(score) the bin starts at: " + ", ".join(
+        f"{k}: {v['success_mean']:.2f} / {v['expected_mean']:.2f} ({v['problems']})" for k, v in figures["by_bin"].items()))
     print("sampled success by label: " + ", ".join(
         f"{k}: {v['success_mean']:.2f} ({v['problems']})" for k, v in figures["by_label"].items()))
     print(f"never-solved problems in the score's lower half of bins: {figures['never_solved_in_lower_half_of_bins']:.2f}")

@@ -8,7 +8,9 @@ with numpy views for vectorised work), not in one Python object per problem.
   new results drifts back toward its prior; (a, b) is a flat Beta(alpha, beta) or the
   problem's group rate as ``pseudo_count`` attempts. The group rate counts each problem's
   *first* group only: an estimate of how a never-tried problem of the group does, which
-  retests of the group's hard problems cannot drive down. ``pooled`` is the group prior
+  retests of the group's hard problems cannot drive down; before any first visit it stands at
+  the group's starting rate (1/2, or the model's own expected success for answer-likelihood
+  groups, ``score_start``) with the weight of two attempts. ``pooled`` is the group prior
   with one group of every problem: no label, an unseen problem at the pool's own first-visit
   rate (empirical Bayes) rather than at p = 1/2, the maximum of p(1-p). (Its never-tried
   problems still share one clock of rate m x priority, so a mostly untried pool is still
@@ -60,8 +62,9 @@ class PrioritySampler:
     CODES = {"group": "i", "successes": "f", "attempts": "f", "updated_at": "i", "last_tested": "i",
              "streak": "b", "state": "B", "stamp": "I"}
 
-    def __init__(self, groups, cfg, seed: int = 0):
-        """``groups[i]``: the prior group (e.g. difficulty) of problem i, small ints >= 0."""
+    def __init__(self, groups, cfg, seed: int = 0, group_start=None):
+        """``groups[i]``: the prior group (e.g. difficulty) of problem i, small ints >= 0;
+        ``group_start[g]``: group g's rate before any first visit (default 1/2)."""
         groups = np.asarray(groups, dtype=np.int32)
         if cfg.prior == "pooled":
             groups = np.zeros_like(groups)  # one group: the pool's rate, no label
@@ -77,6 +80,9 @@ class PrioritySampler:
         self.num_groups = int(groups.max()) + 1 if n else 0
         self.group_successes = np.zeros(self.num_groups)  # first groups of each problem only
         self.group_attempts = np.zeros(self.num_groups)
+        self.start_given = group_start is not None
+        self.group_start = np.full(self.num_groups, 0.5) if group_start is None else \
+            np.clip(np.asarray(group_start, dtype=float), 0.0, 1.0)
         self.unseen_order = [array("i", self.rng.permutation(np.flatnonzero(groups == g)).astype(np.int32).tobytes())
                              for g in range(self.num_groups)]
         self.unseen_pos = [0] * self.num_groups
@@ -92,7 +98,9 @@ class PrioritySampler:
 
     # -- estimates ------------------------------------------------------------------
     def group_rate(self, g) -> float | np.ndarray:
-        return success_estimate(self.group_successes[g], self.group_attempts[g], 1.0, 1.0)
+        """Group g's first-visit rate, from a Beta prior of two attempts at its starting rate."""
+        start = self.group_start[g]
+        return success_estimate(self.group_successes[g], self.group_attempts[g], 2 * start, 2 * (1 - start))
 
     def prior(self, idx) -> tuple:
         """(a, b): the Beta prior of problems ``idx``."""

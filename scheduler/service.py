@@ -24,7 +24,7 @@ import numpy as np
 from prl.service import Service, ServiceStopped
 from prl.trust import checkpoint_problem
 from prl.tasks import train_problems
-from prl.tasks.likelihood import read_groups
+from prl.tasks.likelihood import expected_success, read_groups
 from prl.formulas import has_signal
 from scheduler.batches import compose_batch
 from scheduler.replay import ReplayBuffer
@@ -37,18 +37,21 @@ from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 
 
-def problem_groups(cfg, problems) -> tuple[list[str], np.ndarray]:
-    """(group names, each problem's group index) for the sampler's prior: the task's labels, or
-    those of ``groups_path`` (e.g. answer-likelihood bins); with ``shuffle_groups`` the labels
-    are permuted across problems (a control)."""
-    path = cfg.scheduler.priority.groups_path
-    keys = read_groups(path, [p.id for p in problems]) if path else [p.group_key for p in problems]
+def problem_groups(cfg, problems) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """(group names, each problem's group index, each group's starting rate or None) for the
+    sampler's prior: the task's labels, or those of ``groups_path`` (e.g. answer-likelihood
+    bins, whose scores give the starting rates with ``score_start``); with ``shuffle_groups``
+    the labels are permuted across problems (a control)."""
+    pc = cfg.scheduler.priority
+    keys, scores = read_groups(pc.groups_path, [p.id for p in problems]) if pc.groups_path else \
+        ([p.group_key for p in problems], None)
     names = sorted(set(keys))
     index = {g: i for i, g in enumerate(names)}
     labels = np.asarray([index[k] for k in keys])
-    if cfg.scheduler.priority.shuffle_groups:
+    if pc.shuffle_groups:
         labels = np.random.default_rng(cfg.run.seed).permutation(labels)
-    return names, labels
+    start = expected_success(scores, labels, len(names)) if pc.score_start and scores is not None else None
+    return names, labels, start
 
 
 def rollout_sample(groups: list[RolloutGroup], batch: TrainBatch, n: int = 8) -> tuple[list[str], list[list]]:
@@ -80,8 +83,8 @@ class Scheduler(Service):
         super().__init__(cfg, transport, metrics)
         self.problems = train_problems(cfg.task)
         self.index = {p.id: i for i, p in enumerate(self.problems)}
-        self.group_names, labels = problem_groups(cfg, self.problems)
-        self.sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed)
+        self.group_names, labels, start = problem_groups(cfg, self.problems)
+        self.sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start)
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}

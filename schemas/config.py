@@ -96,6 +96,7 @@ class PriorityConfig(Section):
     mode: Literal["greedy", "gumbel"] = Field("gumbel", description="greedy: highest priority first; gumbel: each pick in proportion to priority among the problems choosable then (exponential clocks).")
     shuffle_groups: bool = Field(False, description="A control for the group prior: the task's group labels permuted across problems (same group sizes, no information).")
     groups_path: str | None = Field(None, description="A file of (id, group) rows whose groups replace the task's labels for the group prior, e.g. the answer-likelihood bins `prl data likelihood` writes: groups without a difficulty label. Needs prior = 'group'.")
+    score_start: bool = Field(True, description="With a groups_path file that has scores (`prl data likelihood`): each group's rate starts at its problems' mean exp(answer_logprob), the starting model's own chance of sampling the reference answer, instead of 1/2, and learns from first visits as before. Right when a completion is the bare answer (the built-in task); when the model writes working first the score underestimates every group (set false).")
     retest: bool = Field(True, description="Move always-solved / always-failed problems to retest pools.")
     retest_after: int = Field(1, ge=1, le=100, description="Consecutive all-solved (all-failed) groups that move a problem to a pool.")
     retest_interval: int = Field(10, ge=1, description="Learner versions between retest rounds.")

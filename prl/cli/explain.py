@@ -44,8 +44,8 @@ def restore_sampler(cfg, problems, state: dict):
     from scheduler.samplers import make_sampler
     from scheduler.service import problem_groups
 
-    names, labels = problem_groups(cfg, problems)
-    sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed)
+    names, labels, start = problem_groups(cfg, problems)
+    sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start)
     sampler.load_state_dict(state["sampler"])
     return sampler, [names[g] for g in labels]
 
@@ -62,12 +62,13 @@ def why(s, i: int, cfg) -> list[str]:
     st, prio = int(s.state[i]), s.priority(i)
     a, b = (float(np.asarray(v).reshape(-1)[0]) for v in s.prior(np.asarray([i])))
     g = int(s.group[i])
+    start_words = ", the expected success of its answer-likelihood bin" if s.start_given else ""
     source, shared, drawn_with = PRIOR_WORDS[cfg.priority.prior]
     out = [f"  state: {STATES[st]}" + (" (never tried)" if s.last_tested[i] < 0 and st == 0 else ""),
            f"  outcomes: {s.successes[i]:g} solved of {s.attempts[i]:g} rollouts"
            f"{' (decayed to version ' + str(s.version) + ')' if cfg.priority.half_life_versions else ''}, last tested at version "
            f"{s.last_tested[i]}; prior Beta({a:.2f}, {b:.2f}) {source}"
-           f" ({shared} rate {float(s.group_rate(g)):.3f} over first tries)",
+           f" ({shared} rate {float(s.group_rate(g)):.3f} over first tries, from a start of {s.group_start[g]:.3f}{start_words})",
            f"  priority p(1-p) = {prio:.4f}"]
     if st == 0:
         choosable = np.flatnonzero(s._state_np == 0)

@@ -105,16 +105,28 @@ def score_into_groups(problems, model_path: str, out: str, bins: int, dtype: str
     return scores, groups
 
 
-def read_groups(uri: str, ids: list[str]) -> list[str]:
-    """The group of each problem ``ids`` names, from a groups file; a file without a group for
-    one of them (made for another task or pool) fails with a DatasetError naming it."""
+def read_groups(uri: str, ids: list[str]) -> tuple[list[str], np.ndarray | None]:
+    """(the group of each problem ``ids`` names, its answer_logprob or None when the file has no
+    such column), from a groups file; a file without a group for one of them (made for another
+    task or pool) fails with a DatasetError naming it."""
     groups: dict[str, str] = {}
+    scores: dict[str, float] = {}
     for n, row in enumerate(read_rows(uri, "scheduler.priority.groups_path; `prl data likelihood` makes one")):
         if row.get("id") is None or row.get("group") is None:
             raise DatasetError(f"{uri}: row {n + 1}: missing column 'id' or 'group' (a groups file has id, group)")
         groups[str(row["id"])] = str(row["group"])
+        if row.get("answer_logprob") is not None:
+            scores[str(row["id"])] = float(row["answer_logprob"])
     missing = [i for i in ids if i not in groups]
     if missing:
         raise DatasetError(f"{uri}: no group for {len(missing)} of the {len(ids)} training problems (first: "
                            f"{missing[0]!r}); make it for this task with `prl data likelihood --out {uri}`")
-    return [groups[i] for i in ids]
+    has_scores = all(i in scores for i in ids)
+    return [groups[i] for i in ids], np.asarray([scores[i] for i in ids]) if has_scores else None
+
+
+def expected_success(answer_logprobs: np.ndarray, labels: np.ndarray, num_groups: int) -> np.ndarray:
+    """Each group's mean exp(answer_logprob): the model's own chance of sampling the reference
+    answer, averaged over the group's problems: its success rate when a completion is the bare
+    answer (the built-in task), an underestimate when the model writes working before it."""
+    return np.bincount(labels, np.exp(answer_logprobs), num_groups) / np.maximum(np.bincount(labels, None, num_groups), 1)

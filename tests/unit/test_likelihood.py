@@ -81,12 +81,20 @@ def test_quantile_bins_are_equal_sized_in_score_order_and_keep_ties_together():
 def test_groups_file_round_trip_and_refuses_a_file_for_other_problems(tmp_path, name):
     uri = str(tmp_path / name)
     write_groups(uri, ["a", "b", "c"], np.asarray([-1.0, -2.0, -3.0]), np.asarray([2, 1, 0]))
-    assert read_groups(uri, ["c", "a"]) == ["0", "2"]
+    assert read_groups(uri, ["c", "a"])[0] == ["0", "2"]
+    np.testing.assert_allclose(read_groups(uri, ["c", "a"])[1], [-3.0, -1.0])
     with pytest.raises(DatasetError, match=r"no group for 1 of the 2 training problems \(first: 'z'\); make it for this "
                                            r"task with `prl data likelihood"):
         read_groups(uri, ["a", "z"])
     with pytest.raises(DatasetError, match="no such file .*scheduler.priority.groups_path"):
         read_groups(str(tmp_path / "none.parquet"), ["a"])
+
+
+def test_expected_success_is_each_groups_mean_chance_of_the_answer():
+    from prl.tasks.likelihood import expected_success
+
+    start = expected_success(np.log([0.5, 0.1, 0.3, 1e-9]), np.asarray([1, 0, 1, 0]), 3)
+    np.testing.assert_allclose(start, [0.05, 0.4, 0.0], atol=1e-8)  # group 2 has no problem: 0
 
 
 def test_groups_path_needs_the_group_prior():
@@ -104,10 +112,14 @@ def test_cli_writes_groups_the_scheduler_uses(tmp_path, capsys):
     assert f"wrote {out}: 50 problems scored" in printed and f"groups_path='{out}'" in printed
     cfg = load_config(overrides=["task.train_per_digit=[10, 20, 20]", f"scheduler.priority.groups_path='{out}'"])
     problems = train_problems(cfg.task)
-    names, labels = problem_groups(cfg, problems)
+    names, labels, start = problem_groups(cfg, problems)
     assert names == ["0", "1", "2", "3"] and set(np.bincount(labels)) <= {12, 13}
     by_digits = {d: {names[g] for g, p in zip(labels, problems) if p.difficulty == d} for d in (1, 2, 3)}
     assert by_digits[3] <= {"0", "1"} and "3" not in by_digits[3]  # the 3-digit sums are the least likely
+    assert np.all(np.diff(start) >= 0) and start[0] < 0.01 < start[3]  # each bin starts at its expected success
+    no_start = load_config(overrides=["task.train_per_digit=[10, 20, 20]", f"scheduler.priority.groups_path='{out}'",
+                                      "scheduler.priority.score_start=false"])
+    assert problem_groups(no_start, problems)[2] is None
     assert main(["data", "likelihood", "--out", out, "--model", str(tmp_path / "nomodel")]) == 2
     assert "nomodel" in capsys.readouterr().err
     assert main(["data", "likelihood", "--out", str(tmp_path / "groups.csv")]) == 2

@@ -120,6 +120,24 @@ def test_group_prior_moves_unseen_priority():
     assert s.unseen_priority(0) < before
 
 
+def test_a_groups_starting_rate_is_its_prior_until_first_visits_say_otherwise():
+    """group_start (answer-likelihood groups: the model's own expected success) replaces 1/2
+    as each group's rate before any first visit, with the weight of two attempts: a group
+    expected hopeless is not drawn by the clocks, and its first visits still move it."""
+    s = PrioritySampler(np.arange(200) % 2, PriorityConfig(prior="group", unseen_share=0.0), seed=0,
+                        group_start=[0.0, 0.3])
+    assert s.group_rate(0) == 0.0 and s.group_rate(1) == pytest.approx(0.3)
+    assert all(s.group[i] == 1 for i in s.next(50))  # the expected-hopeless group waits
+    assert sampler(n=8, groups=2, prior="group").group_rate(0) == 0.5  # no start given: 1/2, as Beta(1, 1)
+    s.observe_many([0, 2], [6, 6], [8, 8], 0)  # two first visits say group 0 is solvable
+    assert s.group_rate(0) == pytest.approx(12 / 18) and s.unseen_priority(0) > 0.2
+    from prl.cli.explain import why
+    from schemas.config import SchedulerConfig
+
+    text = "\n".join(why(s, 4, SchedulerConfig(priority=s.cfg)))
+    assert "from a start of 0.000, the expected success of its answer-likelihood bin" in text
+
+
 def test_pooled_prior_is_the_pools_first_visit_rate_whatever_the_labels():
     """prior = pooled needs no label: every unseen problem, whatever its group label, starts
     at the pool's rate over first visits, as a pseudo-count; a flat prior stays at p = 1/2."""
@@ -182,7 +200,8 @@ def test_retests_take_at_most_their_cap_of_dispatches():
     assert s.metrics()["retest_queued"] > 0  # the cap held retests back
 
 
-def test_every_problem_is_dispatched_within_the_floor_bound_whatever_its_group():
+@pytest.mark.parametrize("group_start", [None, [0.0, 0.0, 0.5, 1.0]])
+def test_every_problem_is_dispatched_within_the_floor_bound_whatever_its_group(group_start):
     """Groups of very different success (never, rarely, half, always solved) and sizes: with
     unseen_share of the dispatches reserved for never-tried problems, all of them are tried
     within pool / (unseen_share x dispatches per round) rounds, even when the group prior
@@ -190,7 +209,7 @@ def test_every_problem_is_dispatched_within_the_floor_bound_whatever_its_group()
     sizes, per_round, share = [400, 300, 50, 250], 10, 0.1
     groups = np.repeat(np.arange(4), sizes)
     success = np.array([0.0, 0.02, 0.5, 1.0])[groups]
-    s = PrioritySampler(groups, PriorityConfig(prior="group", unseen_share=share), seed=0)
+    s = PrioritySampler(groups, PriorityConfig(prior="group", unseen_share=share), seed=0, group_start=group_start)
     rng = np.random.default_rng(0)
     bound = math.ceil(len(groups) / (share * per_round))
     for version in range(bound):
