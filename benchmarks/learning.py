@@ -18,7 +18,8 @@ Strategies (all through the same scheduler, replay and learner):
 - ``full_pooled``: the full method without a label: pooled prior, retest, rollout replay;
 - ``priority_likelihood``: the group prior over groups the model makes, not a label: the starting
   policy's probability of each problem's reference answer, in 8 quantile bins
-  (prl/tasks/likelihood.py, as `prl data likelihood` writes them). The scoring pass is charged
+  (prl/tasks/likelihood.py, as `prl data likelihood` writes them), each bin's rate starting
+  at its mean probability, the model's expected success (``score_start``). The scoring pass is charged
   as one rollout per problem: its curve starts that many rollouts in and its budget is that
   much smaller;
 - ``full_likelihood``: the full method with those groups: retest, rollout replay.
@@ -87,13 +88,14 @@ SETTINGS = [
 # curve on seed 0 in a sweep of 2.5e-5, 5e-5, 1e-4 and 2e-4 (the last three for every strategy,
 # 2.5e-5 for four; benchmarks/RESULTS.md); the pooled-prior strategies, added later, the better
 # of 2.5e-5 and 5e-5 by median area over seeds 100-104 (not seeds any reported run uses), the
-# likelihood-group ones the same way over seeds 100-109.
+# likelihood-group ones the same way over seeds 100-109 (again once their bins started at their
+# expected success).
 # Strategies that drop zero-variance groups average the loss over fewer, all-informative
 # tokens, so one rate is a larger step for them than for uniform GRPO: a shared rate would
 # favour whichever strategy it happens to suit.
 LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority_pooled": 2.5e-5, "priority_group": 5e-5,
       "priority_shuffled": 5e-5, "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5, "full_pooled": 5e-5,
-      "priority_likelihood": 5e-5, "full_likelihood": 2.5e-5}
+      "priority_likelihood": 5e-5, "full_likelihood": 5e-5}
 MODES = {  # name: (seeds, rollout budget)
     "default": (5, 12_000),
     "long": (8, 24_000),
