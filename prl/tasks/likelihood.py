@@ -17,6 +17,8 @@ The groups file (Parquet or JSONL) has a row per problem: ``id``, ``answer_logpr
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from prl.tasks.datasets import DatasetError, read_rows
@@ -116,7 +118,11 @@ def read_groups(uri: str, ids: list[str]) -> tuple[list[str], np.ndarray | None]
             raise DatasetError(f"{uri}: row {n + 1}: missing column 'id' or 'group' (a groups file has id, group)")
         groups[str(row["id"])] = str(row["group"])
         if row.get("answer_logprob") is not None:
-            scores[str(row["id"])] = float(row["answer_logprob"])
+            score = row["answer_logprob"]
+            if not isinstance(score, (int, float)) or not -math.inf < score <= 1e-6:
+                raise DatasetError(f"{uri}: row {n + 1}: answer_logprob {score!r} is not a log-probability (a finite "
+                                   f"number <= 0); make the file again with `prl data likelihood --out {uri}`")
+            scores[str(row["id"])] = float(score)
     missing = [i for i in ids if i not in groups]
     if missing:
         raise DatasetError(f"{uri}: no group for {len(missing)} of the {len(ids)} training problems (first: "

@@ -88,6 +88,10 @@ def test_groups_file_round_trip_and_refuses_a_file_for_other_problems(tmp_path, 
         read_groups(uri, ["a", "z"])
     with pytest.raises(DatasetError, match="no such file .*scheduler.priority.groups_path"):
         read_groups(str(tmp_path / "none.parquet"), ["a"])
+    bad = str(tmp_path / ("bad" + name[1:]))
+    write_groups(bad, ["a", "b"], np.asarray([-1.0, float("nan")]), np.asarray([1, 0]))
+    with pytest.raises(DatasetError, match=r"row 2: answer_logprob nan is not a log-probability"):
+        read_groups(bad, ["a", "b"])
 
 
 def test_expected_success_is_each_groups_mean_chance_of_the_answer():
