@@ -58,9 +58,8 @@ def sampled_success(backend, problems, reward_fn, sampling, samples: int, progre
 
 def group_means(rates: np.ndarray, keys) -> np.ndarray:
     """Each problem's group's mean rate: what the group prior learns of it from first visits."""
-    keys = np.asarray([str(k) for k in keys])
-    means = {k: rates[keys == k].mean() for k in set(keys)}
-    return np.asarray([means[k] for k in keys])
+    groups = by_group(rates, keys)
+    return np.asarray([groups[str(k)]["success_mean"] for k in keys])
 
 
 def by_group(rates: np.ndarray, keys, expected: np.ndarray | None = None) -> dict[str, dict]:
