@@ -64,7 +64,7 @@ def group_means(rates: np.ndarray, keys) -> np.ndarray:
 
 def by_group(rates: np.ndarray, keys, expected: np.ndarray | None = None) -> dict[str, dict]:
     """Per group, for the table: its problem count and mean sampled rate (shorter names first),
-    and with ``expected`` (each problem's exp(score)) the mean rate the score expects."""
+    and with ``expected`` (the rate each problem's group starts at) the group's starting rate."""
     keys = np.asarray([str(k) for k in keys])
     out = {k: {"problems": int((keys == k).sum()), "success_mean": float(rates[keys == k].mean())}
            for k in sorted(set(keys), key=lambda k: (len(k), k))}
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from prl.generation import TransformersBackend
     from prl.rewards import load_reward
     from prl.tasks import train_problems
-    from prl.tasks.likelihood import answer_logprobs, quantile_bins
+    from prl.tasks.likelihood import answer_logprobs, expected_success, quantile_bins
     from schemas import Sampling
     from schemas.config import load_config
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "never_solved_share": float(never.mean()),
         "never_solved_in_lower_half_of_bins": float((never & lower).sum() / max(1, never.sum())),
         "with_signal_share": float(((rates > 0) & (rates < 1)).mean()),
-        "by_bin": by_group(rates, bins, np.exp(scores)), "by_label": by_group(rates, labels),
+        "by_bin": by_group(rates, bins, expected_success(scores, bins, args.bins)[bins]), "by_label": by_group(rates, labels),
         "score_seconds": score_s, "sampling_seconds_per_completion_per_problem": sample_s / args.samples,
     }
     print(f"{figures['task']}: {len(problems)} training problems, {args.samples} samples each at temperature "

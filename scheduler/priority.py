@@ -50,6 +50,7 @@ from scheduler.snapshot import expect_state
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
 MIN_RATE = 1e-12  # a clock of rate 0 would never ring
+START_WEIGHT = 2.0  # attempts a group's starting rate weighs before its first visits (Beta(1, 1) at 1/2)
 
 
 def _typed(code: str, n: int, value=0) -> tuple[array, np.ndarray]:
@@ -98,9 +99,10 @@ class PrioritySampler:
 
     # -- estimates ------------------------------------------------------------------
     def group_rate(self, g) -> float | np.ndarray:
-        """Group g's first-visit rate, from a Beta prior of two attempts at its starting rate."""
+        """Group g's first-visit rate, from a Beta prior of START_WEIGHT attempts at its starting rate."""
         start = self.group_start[g]
-        return success_estimate(self.group_successes[g], self.group_attempts[g], 2 * start, 2 * (1 - start))
+        return success_estimate(self.group_successes[g], self.group_attempts[g], START_WEIGHT * start,
+                                START_WEIGHT * (1 - start))
 
     def prior(self, idx) -> tuple:
         """(a, b): the Beta prior of problems ``idx``."""
