@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.learning import (area_under_curve, bootstrap_interval, censored_median, crossing, curves_path, goals, main,
-                                 median_difference, pool_rows, rollouts_ratio, smoothed)
+from benchmarks.learning import (area_under_curve, bootstrap_interval, censored_median, crossing, curves_path, difficulty_cells,
+                                 goals, main, median_difference, pool_accuracy, pool_median, pool_rows, rollouts_ratio,
+                                 smoothed)
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
@@ -75,6 +76,33 @@ def test_goal_lines_with_the_runs_give_each_figure_its_interval_over_seeds():
     assert 500 / 1_400 <= lo <= 0.5 <= hi <= 700 / 1_000
     assert lines[1] == "target 0.4: full / dapo_filter rollouts 0.50, 90% over seeds 0.50 to 0.50 (goal <= 0.6)"
     assert lines[2].startswith("final accuracy, full - dapo_filter (medians): +4.0 points, 90% over seeds +3.0 to +5.0")
+
+
+def test_pool_accuracy_scores_the_latest_checkpoint_on_the_training_pool(tmp_path):
+    import torch
+
+    from learner.checkpoint import write_checkpoint
+    from prl.models import export_state, load_model, resolve_model_dir
+    from schemas.config import load_config
+
+    cfg = load_config(overrides=[f"run.run_dir='{tmp_path}'", "task.train_per_digit=[20, 20, 0]"])
+    model, base_dir = load_model(cfg.model.path), resolve_model_dir(cfg.model.path)
+    write_checkpoint(str(tmp_path), 1, export_state(model), None, {}, base_dir, keep=2)
+    warm = pool_accuracy(cfg)
+    assert set(warm) == {"accuracy", "accuracy_d1", "accuracy_d2"}  # the pool's difficulties, not the held-out set's three
+    assert warm["accuracy_d1"] >= 0.7  # the warm-started model knows most 1-digit sums
+    write_checkpoint(str(tmp_path), 2, {k: torch.zeros_like(v) for k, v in export_state(model).items()}, None, {}, base_dir, keep=2)
+    assert pool_accuracy(cfg)["accuracy"] == 0.0  # the newest checkpoint is what is scored, not the base model
+
+
+def test_pool_figures_are_medians_over_the_runs_that_measured_them():
+    runs = [{"by_difficulty": {"d1": [0.5, 0.9]}, "pool_end": {"accuracy": 0.8, "accuracy_d1": 0.8}},
+            {"by_difficulty": {"d1": [0.5, 0.7]}, "pool_end": {"accuracy": 1.0, "accuracy_d1": 1.0}},
+            {"by_difficulty": {"d1": [0.5, 0.8]}}]  # stored before the pool was measured
+    assert pool_median(runs) == pytest.approx(0.9)
+    assert pool_median(runs[2:]) is None
+    assert difficulty_cells(runs) == "d1 0.80 / 0.90"
+    assert difficulty_cells(runs[2:]) == "d1 0.80 / -"
 
 
 @pytest.mark.parametrize("pool", ["abc", "0", "2001", "[20, 100]"])
@@ -222,3 +250,16 @@ def test_stored_runs_can_be_shown_for_some_strategies_only(tmp_path, capsys):
         main(["--from-json", a, "--strategies", "dapo_filter"])
     assert exit_.value.code == 2
     assert "--strategies dapo_filter: not in the stored runs (uniform, priority_flat, full)" in capsys.readouterr().err
+
+
+def test_the_large_pool_mode_trains_on_the_task_s_own_pool_at_its_own_rates():
+    from benchmarks.learning import LR, MODES, TASK_POOL, learning_rates
+    from schemas.config import TaskConfig
+
+    assert json.loads(TASK_POOL) == TaskConfig().train_per_digit  # what `prl run` trains on
+    assert MODES["large-pool"][2] == TASK_POOL
+    rates = learning_rates(None, [], "large-pool")
+    assert rates["full"] == 5e-5 != LR["full"] and rates["priority_flat"] == LR["priority_flat"]  # re-tuned ones only
+    assert learning_rates(None, ["full=1e-4"], "large-pool")["full"] == 1e-4  # --lr still wins
+    assert curves_path(None, "large-pool") == "docs/bench-learning-large-pool-curves.png"
+    assert curves_path(None, "long") == "docs/bench-learning-curves.png"
