@@ -586,7 +586,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learning", description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 22 min on "
                     f"2 cores, 14 with --jobs 2); long: 8 seeds, 24k; large-pool: 5 seeds, 12k rollouts, the task's own "
-                    f"pool {TASK_POOL} (visited about once), uniform, DAPO and the full methods (about 12 min, 7 with --jobs 2)")
+                    f"pool {TASK_POOL} (visited about once), uniform, DAPO and the full methods (15 seeds took 17 min with --jobs 2)")
     ap.add_argument("--task", help="a reasoning-gym task for the real model (e.g. chain_sum); default: the built-in task")
     ap.add_argument("--seeds", type=count, help="override the mode's seed count")
     ap.add_argument("--first-seed", type=natural, default=0, help="seeds first-seed .. first-seed + seeds - 1 (other seeds "
