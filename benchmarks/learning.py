@@ -593,15 +593,16 @@ def main(argv=None) -> int:
                     "than the reported ones, to tune a setting on)")
     ap.add_argument("--budget", type=count, help="rollouts generated per run (override the mode's)")
     ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), help="default: every one but the pooled-prior "
-                    "and likelihood-group ones on the built-in task; uniform, dapo_filter, priority_flat and full with "
-                    "--task; with --from-json, the stored strategies to show")
+                    "and likelihood-group ones on the built-in task (large-pool mode: uniform, dapo_filter, full and "
+                    "full_likelihood); uniform, dapo_filter, priority_flat and full with --task; with --from-json, the "
+                    "stored strategies to show")
     ap.add_argument("--targets", type=fraction, nargs="+", default=[0.36, 0.38], help="held-out accuracies to reach (smoothed)")
     ap.add_argument("--eval-every", type=count, default=512, help="rollouts generated between evaluations")
     ap.add_argument("--smooth", type=count, default=3, help="evaluations in the trailing mean of the accuracy")
     ap.add_argument("--heldout", type=count, default=200, help="held-out problems per difficulty (built-in task)")
-    ap.add_argument("--pool", help=f"training pool, small enough to be revisited several times within the budget: "
-                    f"problems per difficulty of the built-in task (default: the mode's, {BUILTIN_POOL} but in large-pool mode), or with --task the number "
-                    f"of problems (default {REAL['pool']}, at most the dataset's {TRAIN})")
+    ap.add_argument("--pool", help=f"training pool: problems per difficulty of the built-in task (default the mode's: "
+                    f"{BUILTIN_POOL}, revisited about 5 times within the budget, or {TASK_POOL} in large-pool mode), or with "
+                    f"--task the number of problems (default {REAL['pool']}, at most the dataset's {TRAIN})")
     ap.add_argument("--lr", action="append", default=[], metavar="STRATEGY=LR", help="learning rate of one strategy "
                     "(default: LR's tuned rates on the built-in task, the example config's with --task)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run "
