@@ -632,10 +632,10 @@ def main(argv=None) -> int:
             results = {name: results[name] for name in args.strategies}
             rates = {name: rate for name, rate in rates.items() if name in results}
         task, pool = stored.get("task"), stored.get("pool")
-        mode = MODES[stored.get("mode", "default")]
-        budget = stored.get("budget") or (REAL["budget"] if task else mode[1])
-        pool = pool or (None if task else mode[2])
-        args.png = args.png or curves_path(task, stored.get("mode", "default"))
+        mode = stored.get("mode", "default")
+        budget = stored.get("budget") or (REAL["budget"] if task else MODES[mode][1])
+        pool = pool or (None if task else MODES[mode][2])
+        args.png = args.png or curves_path(task, mode)
         seeds = ", ".join(f"{name} {len(runs)}" for name, runs in results.items())
         report(args, results, budget, setting(task, pool, stored.get("heldout")), f"pooled from {len(args.from_json)} "
                f"files, seeds per strategy: {seeds}; budget {budget:,} rollouts, evaluated every "
