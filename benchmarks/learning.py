@@ -60,6 +60,8 @@ import numpy as np
 
 from benchmarks.common import count, fraction, natural, quiet_console, write_json
 from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
+from prl.tasks import train_problems
+from schemas.config import load_config
 
 NO_REPLAY = "scheduler.replay.enabled=false"
 STRATEGIES = {
@@ -128,7 +130,6 @@ POOL_SEED = 0  # the real task's pool draw: one pool for every strategy and seed
 def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str], extra: list[str] = ()) -> dict:
     from prl.cli.run import run_pipeline
     from prl.metrics import read_metrics
-    from schemas.config import load_config
 
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [*base, *STRATEGIES[name], f"run.run_dir='{run_dir}'", f"run.seed={seed}",
@@ -153,7 +154,6 @@ def pool_accuracy(cfg) -> dict[str, float]:
     from learner.evaluate import encode_heldout, heldout_accuracy
     from prl.generation import TransformersBackend
     from prl.rewards import load_reward
-    from prl.tasks import train_problems
 
     backend = TransformersBackend.from_path(cfg.model.path, cfg.model.dtype)
     backend.load_weights(latest_uri(cfg.run.run_dir), -1)
@@ -165,7 +165,6 @@ def pool_accuracy(cfg) -> dict[str, float]:
 def likelihood_groups(cfg, out: str) -> int:
     """Score the run's training problems with its starting policy into a groups file ``out``;
     the problems scored, charged as that many rollouts."""
-    from prl.tasks import train_problems
     from prl.tasks.likelihood import score_into_groups
 
     problems = train_problems(cfg.task)
@@ -389,7 +388,6 @@ def real_task_base(task: str, pool: int) -> list[str]:
 
     from prl.model_import import import_gguf
     from prl.tasks.reasoning_gym import write_dataset
-    from schemas.config import load_config
 
     tmp = tempfile.mkdtemp(prefix="prl-bench-learning-")
     model = import_gguf("smollm2-135m-instruct", f"{tmp}/model", log=lambda *_: None).out_dir
@@ -660,8 +658,14 @@ def main(argv=None) -> int:
         base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={pool}"]
     try:
         lrs = learning_rates(args.task, args.lr, args.mode)
+        shared = load_config(overrides=[*base, *args.set])  # the settings every run shares, checked before any starts
     except ValueError as exc:
         ap.error(str(exc))
+    scoring = [name for name in strategies if name in LIKELIHOOD]
+    charge = len(train_problems(shared.task)) if scoring else 0
+    if charge >= budget:
+        ap.error(f"--budget {budget}: {', '.join(scoring)} first score the {charge:,} training problems, charged as "
+                 f"{charge:,} rollouts, which leaves nothing to train on; raise --budget above {charge:,} or shrink --pool")
     results = run_all(args, base, strategies, seeds, budget, lrs)
     report(args, results, budget, setting(args.task, pool, args.heldout), f"{seeds} seeds x {len(results)} strategies, "
            f"budget {budget:,} rollouts, evaluated every {args.eval_every} rollouts", f"lr {lrs or 'from the config'}")

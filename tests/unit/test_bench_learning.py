@@ -113,6 +113,21 @@ def test_a_real_task_pool_that_is_not_a_problem_count_fails_before_any_import(po
     assert f"--pool {pool}: with --task, a number of training problems from 1 to 2000" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, reason", [
+    (["--pool", "abc"], "task.train_per_digit: Input should be a valid list"),
+    (["--set", "learner.lr=-1"], "learner.lr"),
+    (["--budget", "320", "--strategies", "uniform", "full_likelihood"], "--budget 320: full_likelihood first score the 320 "
+     "training problems, charged as 320 rollouts, which leaves nothing to train on"),
+])
+def test_settings_no_run_could_use_fail_before_any_run_starts(argv, reason, capsys, monkeypatch):
+    monkeypatch.setattr("benchmarks.learning.run_all", lambda *a: pytest.fail("a run started"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--seeds", "1", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert reason in err and "Traceback" not in err
+
+
 def test_the_real_task_pool_is_one_random_draw_shared_by_every_run():
     rows = pool_rows(2_000, 48)
     assert rows == sorted(set(rows)) and len(rows) == 48 and 0 <= rows[0] and rows[-1] < 2_000
