@@ -390,7 +390,7 @@ def real_task_base(task: str, pool: int) -> list[str]:
     from prl.tasks.reasoning_gym import write_dataset
 
     tmp = tempfile.mkdtemp(prefix="prl-bench-learning-")
-    model = import_gguf("smollm2-135m-instruct", f"{tmp}/model", log=lambda *_: None).out_dir
+    model = import_gguf("smollm2-135m-instruct", f"{tmp}/model", quiet=True).out_dir
     data = write_dataset(task, TRAIN, TEST, seed=0, out_dir=f"{tmp}/data", settings=TASK_SETTINGS if task == "chain_sum" else {})
     train = f"{data.out_dir}/train.parquet"
     table = pq.read_table(train)

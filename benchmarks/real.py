@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     quiet_console()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        model_dir = args.model_dir or import_gguf("smollm2-135m-instruct", f"{tmp}/model", log=lambda *_: None).out_dir
+        model_dir = args.model_dir or import_gguf("smollm2-135m-instruct", f"{tmp}/model", quiet=True).out_dir
         import_s = time.perf_counter() - t0
         data = write_dataset(TASK, TRAIN, TEST, seed=0, out_dir=f"{tmp}/data", settings=TASK_SETTINGS)
         print(f"model: {model_dir} ({'imported in ' + format(import_s, '.0f') + ' s' if not args.model_dir else 'reused'}); "

