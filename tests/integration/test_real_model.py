@@ -104,6 +104,10 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     trained, served = learner.model.state_dict(), producer.backend.model.state_dict()
     assert all(torch.equal(trained[k], served[k]) for k in served)
     assert producer.counters["groups_published"] >= 2 and producer.counters.get("problem_errors", 0) == 0
+    from benchmarks.learning import pool_accuracy  # the benchmark's "pool" column, on a dataset task
+
+    pool = pool_accuracy(cfg)  # the step's checkpoint, greedy, on the 8 training problems
+    assert set(pool) == {"accuracy", "accuracy_d0"} and 0 <= pool["accuracy"] <= 1
     with open(learner.checkpoint_uri.removeprefix("file://") + "/model.safetensors", "r+b") as f:
         f.seek(-64, 2)
         f.write(b"\x00" * 64)
