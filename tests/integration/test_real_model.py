@@ -75,11 +75,11 @@ def real_config(model_dir, tmp_path):
 
 def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     """Scheduler, producer and learner on the in-memory transport with the real model:
-    chat prompts rendered by SmolLM2's template, one GRPO step, a checkpoint; the producer
-    loads the announced version through the checksum-verified read and has the learner's
-    weights. A tampered checkpoint is refused before a weight is loaded."""
+    chat prompts rendered by SmolLM2's template, one GRPO step, a checkpoint the producer loads
+    (checksum-verified) and the benchmark scores; a tampered checkpoint is refused."""
     import torch
 
+    from benchmarks.learning import pool_accuracy
     from learner.service import Learner
     from producers.service import Producer
     from prl.models import read_weights
@@ -104,9 +104,7 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     trained, served = learner.model.state_dict(), producer.backend.model.state_dict()
     assert all(torch.equal(trained[k], served[k]) for k in served)
     assert producer.counters["groups_published"] >= 2 and producer.counters.get("problem_errors", 0) == 0
-    from benchmarks.learning import pool_accuracy  # the benchmark's "pool" column, on a dataset task
-
-    pool = pool_accuracy(cfg)  # the step's checkpoint, greedy, on the 8 training problems
+    pool = pool_accuracy(cfg)  # the benchmark's "pool" column on a dataset task: this checkpoint on the 8 problems
     assert set(pool) == {"accuracy", "accuracy_d0"} and 0 <= pool["accuracy"] <= 1
     with open(learner.checkpoint_uri.removeprefix("file://") + "/model.safetensors", "r+b") as f:
         f.seek(-64, 2)
