@@ -8,6 +8,7 @@ exit, so a restarted service never overwrites what its predecessor wrote."""
 from __future__ import annotations
 
 import atexit
+import bisect
 import json
 import threading
 import time
@@ -18,6 +19,29 @@ import structlog
 
 
 FLUSH_EVERY_S = 10.0
+LATENCY_BOUNDS_MS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
+
+
+def latency_bucket(ms: float, bounds: tuple = LATENCY_BOUNDS_MS) -> str:
+    """The histogram bucket a latency counts in: ``le_<bound>`` for the smallest bound it does
+    not exceed, ``le_inf`` above them all. A service counts ``<name>_bucket/<bucket>``, so a
+    percentile over any stretch of a run is the difference of two metrics lines."""
+    i = bisect.bisect_left(bounds, ms)
+    return f"le_{bounds[i]}" if i < len(bounds) else "le_inf"
+
+
+def bucket_quantile(counts: dict[str, int], q: float) -> float | None:
+    """The ``q`` quantile of a histogram of ``{bucket: count}`` (``latency_bucket``'s names): the
+    upper bound of the bucket it falls in, so "p99 <= 100 ms" and no finer (inf past the last
+    bound); None for an empty histogram."""
+    ordered = sorted((float(b.removeprefix("le_")), n) for b, n in counts.items() if n > 0)
+    total = sum(n for _, n in ordered)
+    seen = 0
+    for bound, n in ordered:
+        seen += n
+        if seen >= q * total:
+            return bound
+    return None
 
 
 def end_torn_line(path: Path) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
 from prl.trust import checkpoint_problem
 from prl.tasks import train_problems
@@ -282,12 +283,14 @@ class Scheduler(Service):
     def flush(self) -> None:
         """Wait for the broker to acknowledge what was sent; count each dispatch's time from
         issue to acknowledgement (this service's share of dispatch latency), re-dispatches
-        included."""
+        included: their sum, and a histogram for its percentiles (prl/metrics.py)."""
         with self.timed("kafka_io"):
             self.publisher.flush()
         acked = time.time()
         if self.unacked:
             self.count("dispatch_to_ack_ms", round(1e3 * sum(acked - t for t in self.unacked)))
+            for t in self.unacked:
+                self.count(f"dispatch_to_ack_ms_bucket/{latency_bucket(1e3 * (acked - t))}")
             self.unacked.clear()
 
     def claim_check(self, batch: TrainBatch) -> TrainBatchRefs:
