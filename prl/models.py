@@ -153,10 +153,11 @@ def check_checkpoint(uri: str, version: int, expected: dict[str, tuple[int, ...]
         raise CheckpointRejected("weights_do_not_fit", f"{uri}: names or shapes differ from the model's, e.g. {wrong}")
 
 
-def weights_exist(uri: str) -> bool:
-    """Whether ``<checkpoint uri>/model.safetensors`` is (still) there."""
-    fs, path = fsspec.core.url_to_fs(uri.rstrip("/") + "/model.safetensors")
-    return fs.exists(path)
+def checkpoint_whole(uri: str) -> bool:
+    """Whether every file a producer reads of the checkpoint at ``uri`` is (still) there; one
+    the learner is deleting lacks some (the pruner removes its files one by one)."""
+    fs, root = fsspec.core.url_to_fs(uri.rstrip("/"))
+    return all(fs.exists(f"{root}/{name}") for name in ("model.safetensors", "state.json", "manifest.json"))
 
 
 def read_weights(uri: str) -> dict:

@@ -19,7 +19,7 @@ import time
 from prl.formulas import has_signal
 from prl.generation import Request, make_backend
 from prl.rewards import RewardRunner, load_reward
-from prl.models import base_weight_shapes, check_checkpoint, resolve_model_dir, weights_exist
+from prl.models import base_weight_shapes, check_checkpoint, checkpoint_whole, resolve_model_dir
 from prl.service import Service
 from prl import storage
 from prl.trust import checkpoint_problem, checkpoint_root
@@ -98,7 +98,8 @@ class Producer(Service):
     def try_load(self, msg, record: PolicyVersion) -> bool:
         """Load ``record``'s checkpoint if it is this run's checkpoint of that version, says
         so itself, fits the model and verifies; otherwise dead-letter the announcement (or
-        skip it quietly if the learner has already deleted it) and return False."""
+        skip it quietly if the learner has deleted it, or is deleting it, after a newer one)
+        and return False."""
         if problem := checkpoint_problem(record.checkpoint_uri, self.cfg.run.run_dir, record.version):
             self.reject(msg, "checkpoint_outside_run", problem)
             return False
@@ -107,7 +108,7 @@ class Producer(Service):
             check_checkpoint(record.checkpoint_uri, record.version, self.expected_shapes)
             self.backend.load_weights(record.checkpoint_uri, record.version)
         except Exception as exc:
-            if not weights_exist(record.checkpoint_uri) and self.superseded(record.version):
+            if not checkpoint_whole(record.checkpoint_uri) and self.superseded(record.version):
                 self.count("superseded_checkpoints_skipped")  # the learner keeps its last few only
                 self.log.info("checkpoint_superseded", policy_version=record.version, uri=record.checkpoint_uri)
                 return False

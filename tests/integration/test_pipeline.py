@@ -1,6 +1,8 @@
 """The in-process pipeline: services on the in-memory transport."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -284,10 +286,12 @@ def test_batch_is_what_survives_of_groups_per_batch_unless_dynamic_sampling(tmp_
     assert run.scheduler.counters["zero_signal_dropped"] == (answered // 2 if dynamic else len(trained) * groups_per_batch // 2)
 
 
-def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path):
+@pytest.mark.parametrize("deleted", ["whole", "state.json"])
+def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path, deleted):
     """The learner keeps its last few checkpoints: a producer that reads an announcement
-    late finds the checkpoint gone (a newer one is there), skips it and loads the next one.
-    (A checkpoint that is there but not what it claims: tests/integration/test_hostile.py.)"""
+    late finds the checkpoint gone, or half deleted (a newer one is there), skips it without a
+    dead letter and loads the next one. (A checkpoint that is there but not what it claims:
+    tests/integration/test_hostile.py.)"""
     from learner.checkpoint import write_checkpoint
     from producers.service import Producer
     from prl.models import export_state, load_model, resolve_model_dir
@@ -304,12 +308,17 @@ def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path):
         record = PolicyVersion(version, uri, version - 1)
         pub.publish(topic_name(cfg.run.name, POLICY), encode(record), key=b"run", headers=headers(record))
 
-    state = {"step": 4}  # what the learner's state.json says
-    good = write_checkpoint(cfg.run.run_dir, 4, export_state(load_model(cfg.model.path)), None, state,
-                            resolve_model_dir(cfg.model.path), 3)
-    announce(3, f"file://{cfg.run.run_dir}/checkpoints/step-00000003")  # deleted: 4 is there
+    weights, base = export_state(load_model(cfg.model.path)), resolve_model_dir(cfg.model.path)
+    old = write_checkpoint(cfg.run.run_dir, 3, weights, None, {"step": 3}, base, 3)
+    good = write_checkpoint(cfg.run.run_dir, 4, weights, None, {"step": 4}, base, 3)
+    if deleted == "whole":
+        shutil.rmtree(old.removeprefix("file://"))
+    else:  # the pruner removes a checkpoint's files one by one: caught between two of them
+        Path(old.removeprefix("file://"), deleted).unlink()
+    announce(3, old)  # 4 is there
     producer.step()
     assert producer.backend.version == 0 and producer.counters["superseded_checkpoints_skipped"] == 1
+    assert not [k for k in producer.counters if k.startswith("dead_lettered")]
     announce(4, good)
     producer.step()
     assert producer.backend.version == 4
