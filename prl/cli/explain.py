@@ -22,13 +22,13 @@ def explain(cfg, problem_id: str) -> str:
     from scheduler.snapshot import read_snapshot
     from prl.tasks import train_problems
 
+    snap = read_snapshot(cfg.run.run_dir)  # a wrong --run-dir first: it is the likelier mistake
+    if snap is None:
+        raise UsageError(f"no scheduler snapshot under {cfg.run.run_dir}/scheduler yet (scheduler.snapshot_every)")
     problems = train_problems(cfg.task)
     index = {p.id: i for i, p in enumerate(problems)}
     if problem_id not in index:
         raise UsageError(f"{problem_id!r} is not a training problem of this run's task (e.g. {problems[0].id!r})")
-    snap = read_snapshot(cfg.run.run_dir)
-    if snap is None:
-        raise UsageError(f"no scheduler snapshot under {cfg.run.run_dir}/scheduler yet (scheduler.snapshot_every)")
     state, fresh, replay, _ = snap
     sampler, group = restore_sampler(cfg, problems, state)
     i = index[problem_id]

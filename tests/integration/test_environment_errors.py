@@ -43,16 +43,18 @@ def run_cli(argv) -> int:
     (["run", "--set", "learner.lr=5"], "prl run: invalid configuration: learner.lr: Input should be less than 1"),
     (["run", "--max-steps", "many"], "prl run: argument --max-steps: 'many' is not a whole number >= 1"),
     (["inspect", "tail", "nosuch", "--set", "transport.type='kafka'"], "prl inspect tail: unknown topic kind 'nosuch'"),
-], ids=["dataset row", "config value", "argument", "topic kind"])
+    (["explain", "nosuch", "--run-dir", "{tmp}/nowhere"], "prl explain: no scheduler snapshot under {tmp}/nowhere/scheduler"),
+], ids=["dataset row", "config value", "argument", "topic kind", "explain: run dir before problem"])
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, start):
-    """A bad dataset (rows counted from 1), config value, argument or topic kind: one line,
-    exit code 2, no traceback; --debug shows the traceback instead."""
+    """A bad dataset (rows counted from 1), config value, argument, topic kind or run directory:
+    one line, exit code 2, no traceback; --debug shows the traceback instead."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "prompt": "1+1=", "answer": "2"}\n{"id": "b", "prompt": "2+2="}\n')
-    argv = [a.replace("{bad}", str(bad)) for a in argv] + (["--run-dir", str(tmp_path / "r")] if argv[0] == "run" else [])
+    argv = [a.replace("{bad}", str(bad)).replace("{tmp}", str(tmp_path)) for a in argv] + \
+        (["--run-dir", str(tmp_path / "r")] if argv[0] == "run" else [])
     assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(start.replace("{bad}", str(bad))), err
+    assert len(err.splitlines()) == 1 and err.startswith(start.replace("{bad}", str(bad)).replace("{tmp}", str(tmp_path))), err
     if "many" not in argv:
         with pytest.raises(Exception):
             main(argv + ["--debug"])
