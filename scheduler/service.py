@@ -288,9 +288,10 @@ class Scheduler(Service):
             self.publisher.flush()
         acked = time.time()
         if self.unacked:
-            self.count("dispatch_to_ack_ms", round(1e3 * sum(acked - t for t in self.unacked)))
-            for t in self.unacked:
-                self.count(f"dispatch_to_ack_ms_bucket/{latency_bucket(1e3 * (acked - t))}")
+            waited_ms = [1e3 * (acked - t) for t in self.unacked]
+            self.count("dispatch_to_ack_ms", round(sum(waited_ms)))
+            for ms in waited_ms:
+                self.count(f"dispatch_to_ack_ms_bucket/{latency_bucket(ms)}")
             self.unacked.clear()
 
     def claim_check(self, batch: TrainBatch) -> TrainBatchRefs:

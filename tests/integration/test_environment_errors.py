@@ -50,11 +50,13 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, start):
     one line, exit code 2, no traceback; --debug shows the traceback instead."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "prompt": "1+1=", "answer": "2"}\n{"id": "b", "prompt": "2+2="}\n')
-    argv = [a.replace("{bad}", str(bad)).replace("{tmp}", str(tmp_path)) for a in argv] + \
-        (["--run-dir", str(tmp_path / "r")] if argv[0] == "run" else [])
+    def fill(text: str) -> str:
+        return text.replace("{bad}", str(bad)).replace("{tmp}", str(tmp_path))
+
+    argv = [fill(a) for a in argv] + (["--run-dir", str(tmp_path / "r")] if argv[0] == "run" else [])
     assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(start.replace("{bad}", str(bad)).replace("{tmp}", str(tmp_path))), err
+    assert len(err.splitlines()) == 1 and err.startswith(fill(start)), err
     if "many" not in argv:
         with pytest.raises(Exception):
             main(argv + ["--debug"])
