@@ -167,10 +167,10 @@ def watch_dispatches(config: str, stop, latencies) -> None:
     sub.close()
 
 
-def acknowledge_batches(config: str, stop, counters) -> None:
+def acknowledge_batches(config: str, stop, counters, step_s: float = 0.0) -> None:
     """The learner that only acknowledges, in its own process: reads every batch (fetching
-    claim-checked rollouts too), announces a version per batch; ``counters`` (shared, in
-    LEARNER_COUNTERS order) add up what it read."""
+    claim-checked rollouts too), announces a version per batch, ``step_s`` after reading it
+    (a training step's time); ``counters`` (shared, in LEARNER_COUNTERS order) add up what it read."""
     from learner.sources import GroupCache, resolve_batch
     from prl.transport.kafka import KafkaTransport
     from schemas import PolicyVersion, decode, encode, headers
@@ -185,6 +185,7 @@ def acknowledge_batches(config: str, stop, counters) -> None:
     while running(stop, parent):
         for m in sub.poll(0.2, max_records=1):
             batch, fetched, cached = resolve_batch(decode(m.value), groups, oldest_version=version - cfg.scheduler.tau_max)
+            stop.wait(step_s)
             version += 1
             for i, n in enumerate((1, len(batch.rollouts), len(m.value), fetched, cached)):
                 counters[i] += n
@@ -197,11 +198,12 @@ def acknowledge_batches(config: str, stop, counters) -> None:
 
 
 class Side:
-    """A helper process of the benchmark (the watcher or the learner), stopped by an event."""
+    """A helper process of the benchmark (the watcher or the learner), stopped by an event;
+    ``target(config, stop_event, shared, *extra)``."""
 
-    def __init__(self, target, config: Path, shared):
+    def __init__(self, target, config: Path, shared, *extra):
         self.stop_event = SPAWN.Event()
-        self.proc = SPAWN.Process(target=target, args=(str(config), self.stop_event, shared), daemon=True)
+        self.proc = SPAWN.Process(target=target, args=(str(config), self.stop_event, shared, *extra), daemon=True)
         self.proc.start()
 
     def stop(self) -> None:

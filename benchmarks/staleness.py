@@ -1,0 +1,233 @@
+"""`prl bench staleness`: does dropping rollouts older than tau_max favour short answers?
+
+A group's age when trained is the number of learner versions between the weights that
+generated it and the update that trains it; the scheduler drops it past ``scheduler.tau_max``.
+Long completions take longer to generate, so if each group went out when its own completions
+ended, long ones would arrive older, be dropped more often, and the trained data would lean
+short. `producers/` publishes a generation call's groups together, when the call's longest
+completion ends, so every group of a call has the same age whatever its own length.
+
+Measured through the real scheduler (`prl scheduler`, its own process) on the real broker
+(tansu): simulated producers (no model; threads of this process) draw each completion's length
+from a log-normal distribution, independent of its reward, and take generation time
+proportional to the longest completion being decoded (decoding is batched); a learner that only
+acknowledges takes ``--step-s`` per batch and announces a version per batch. Two ways of
+publishing, one after the other on the same broker, each for the same time and at each
+``--tau-max``: ``call``, as `producers/` does, and ``group``, each group as soon as its own
+completions end (a streaming producer, not built). Printed side by side: the mean completion
+length generated, trained (fresh rollouts) and dropped as stale by the scheduler, the share
+dropped, and trained / generated with two standard errors of a random sample of that size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import count, positive, write_json
+from benchmarks.scale import REWARD_MIX, LEARNER_COUNTERS, SPAWN, PolicyFollower, Side, acknowledge_batches, quiet
+from prl.cli.parser import natural
+
+PUBLISH = ("call", "group")
+
+
+def publish_after(lengths: list[np.ndarray], ms_per_token: float, publish: str) -> list[float]:
+    """Seconds after a call starts at which each of its groups (completion lengths ``lengths``)
+    goes out: when its own longest completion ends (``group``), or every group when the call's
+    longest ends (``call``). A batched call decodes one token of every running completion per step."""
+    ends = [ms_per_token / 1e3 * int(n.max()) for n in lengths]
+    return [max(ends)] * len(ends) if publish == "call" else ends
+
+
+class LengthProducer(threading.Thread):
+    """One simulated generation pod: takes up to ``per_call`` dispatches, draws their
+    completions' lengths, "decodes" for ``ms_per_token`` per token of the longest one still
+    running, and publishes each group when the call ends (``call``) or when its own longest
+    completion ends (``group``)."""
+
+    def __init__(self, transport, run: str, name: str, policy: PolicyFollower, args, publish: str, stats: dict):
+        super().__init__(daemon=True, name=name)
+        from schemas.topics import PROBLEMS, ROLLOUTS, topic_name
+
+        self.sub = transport.subscriber([topic_name(run, PROBLEMS)], group=f"{run}.producers")
+        self.pub = transport.publisher()
+        self.rollouts_topic = topic_name(run, ROLLOUTS)
+        self.policy, self.args, self.publish, self.stats = policy, args, publish, stats
+        self.stop = threading.Event()
+        self.rng = np.random.default_rng(abs(hash(name)) % 2**32)
+        self.tokens = self.rng.integers(3, 16, args.max_tokens, dtype=np.int32)
+        self.logprobs = -self.rng.random(args.max_tokens, dtype=np.float32) - 0.01
+
+    def lengths(self, n: int) -> np.ndarray:
+        drawn = self.rng.lognormal(np.log(self.args.median_tokens), self.args.sigma, n)
+        return np.clip(np.rint(drawn), 1, self.args.max_tokens).astype(int)
+
+    def group(self, d, version: int, lengths):
+        from schemas import Rollout, RolloutGroup
+
+        rewards = REWARD_MIX[int(self.rng.choice(len(REWARD_MIX), p=[w for w, _ in REWARD_MIX]))][1]
+        rollouts = [Rollout(self.tokens[:n], self.logprobs[:n], r, "stop", "") for n, r in zip(lengths, rewards)]
+        return RolloutGroup(d.dispatch_id, d.problem_id, version, self.name, self.tokens[:8], d.sampling.temperature,
+                            rollouts, 0.0, 0.0, time.time())
+
+    def run(self) -> None:
+        from schemas import Dispatch, decode, encode, headers
+
+        while not self.stop.is_set():
+            msgs = self.sub.poll(0.2, max_records=self.args.per_call)
+            if not msgs:
+                continue
+            start, version = time.monotonic(), self.policy.version  # the weights this call generates with
+            dispatches = [decode(m.value, Dispatch) for m in msgs]
+            lengths = [self.lengths(d.group_size) for d in dispatches]
+            ends = publish_after(lengths, self.args.ms_per_token, self.publish)
+            for i in np.argsort(ends, kind="stable"):
+                time.sleep(max(0.0, start + ends[i] - time.monotonic()))
+                g = self.group(dispatches[i], version, lengths[i])
+                self.pub.publish(self.rollouts_topic, encode(g), key=g.problem_id.encode(), headers=headers(g))
+                self.pub.flush()
+                self.stats["rollouts"] += len(lengths[i])
+                self.stats["tokens"] += int(lengths[i].sum())
+                self.stats["tokens_squared"] += int((lengths[i] ** 2).sum())
+            self.sub.commit()
+        self.sub.close()
+        self.pub.close()
+
+
+SCHEDULER_COUNTERS = ("trained_fresh_rollouts", "trained_completion_tokens", "stale_fresh_rollouts",
+                      "stale_completion_tokens", "groups_returned")
+
+
+def scheduler_counters(run_dir: Path) -> dict:
+    """The scheduler's counters on its last metrics line (0 before its first batch)."""
+    path = run_dir / "metrics-scheduler.jsonl"
+    last = json.loads(path.read_text().splitlines()[-1]) if path.exists() and path.read_text().strip() else {}
+    return {k: last.get(f"scheduler/{k}", 0) for k in SCHEDULER_COUNTERS}
+
+
+def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, tau_max: int) -> Path:
+    from prl.servers import write_kafka_config
+
+    return write_kafka_config(
+        path, bootstrap, run, str(run_dir),
+        run={"log_format": "json", "log_level": "warning", "finish_with_learner": False},
+        transport={"kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000, "max_message_bytes": 64 << 20,
+                             "fetch_max_wait_ms": 50, "problem_partitions": args.producers}},
+        task={"train_per_digit": [80, 8000, 20000, 20000]},
+        sampling={"group_size": 8, "max_tokens": args.max_tokens},
+        scheduler={"groups_per_batch": args.groups_per_batch, "tau_max": tau_max,
+                   "max_in_flight": 2 * args.producers * args.per_call,
+                   "snapshot_every": 0, "archive": False, "dispatch_timeout_s": 600.0},
+    )
+
+
+def measure(args, bootstrap: str, work: Path, publish: str, tau_max: int) -> dict:
+    """One way of publishing at one tau_max: the pipeline started on fresh topics, settled,
+    then measured for ``--seconds``."""
+    from prl.servers import Process
+    from prl.transport.kafka import KafkaTransport
+    from schemas.config import load_config
+
+    name = f"{publish}-tau{tau_max}"
+    run, run_dir = f"stale{int(time.time())}{publish}{tau_max}", work / name
+    config = write_config(work / f"{name}.toml", bootstrap, run, run_dir, args, tau_max)
+    transport = KafkaTransport(load_config(config).transport.kafka)
+    transport.ensure_topics(run)
+    scheduler = Process([sys.executable, "-m", "prl.cli", "scheduler", "--config", str(config)],
+                        log_path=work / f"scheduler-{name}.log")
+    learned = SPAWN.Array("d", len(LEARNER_COUNTERS))  # kept referenced until the learner has read it
+    learner = Side(acknowledge_batches, config, learned, args.step_s)
+    policy = PolicyFollower(transport, run)
+    policy.start()
+    stats = {"rollouts": 0, "tokens": 0, "tokens_squared": 0}
+    producers = [LengthProducer(transport, run, f"sim-{i}", policy, args, publish, stats) for i in range(args.producers)]
+    for p in producers:
+        p.start()
+    try:
+        time.sleep(args.seconds / 3)  # settle: groups join, the learner starts taking versions
+        before, generated0, version0 = scheduler_counters(run_dir), dict(stats), policy.version
+        time.sleep(args.seconds)
+        after, generated, version = scheduler_counters(run_dir), dict(stats), policy.version
+    finally:
+        for p in [*producers, policy]:
+            p.stop.set()
+        learner.stop()
+        scheduler.stop()
+    d = {k: after[k] - before[k] for k in SCHEDULER_COUNTERS}
+    n, total, squares = (generated[k] - generated0[k] for k in ("rollouts", "tokens", "tokens_squared"))
+    mean = total / max(1, n)
+    return {
+        "publish": publish, "tau_max": tau_max, "versions": version - version0, "rollouts_generated": n,
+        "generated_mean_tokens": mean, "generated_sd_tokens": max(0.0, squares / max(1, n) - mean**2) ** 0.5,
+        "trained_fresh_rollouts": d["trained_fresh_rollouts"],
+        "trained_mean_tokens": d["trained_completion_tokens"] / max(1, d["trained_fresh_rollouts"]),
+        "stale_rollouts": d["stale_fresh_rollouts"],
+        "stale_mean_tokens": d["stale_completion_tokens"] / max(1, d["stale_fresh_rollouts"]),
+        "stale_share": d["stale_fresh_rollouts"] / max(1, d["groups_returned"] * 8),
+    }
+
+
+def trained_ratio(r: dict) -> tuple[float, float]:
+    """Mean trained length / mean generated length, and two standard errors of it: what a
+    random sample of as many generated rollouts would differ by (lengths drawn independently)."""
+    ratio = r["trained_mean_tokens"] / max(1e-9, r["generated_mean_tokens"])
+    return ratio, 2 * r["generated_sd_tokens"] / max(1e-9, r["generated_mean_tokens"]) / max(1, r["trained_fresh_rollouts"]) ** 0.5
+
+
+def report(rows: list[dict]) -> None:
+    print(f"{'tau_max':>7}  {'publish':<8}{'versions':>9}{'generated':>11}{'trained':>9}{'stale share':>13}"
+          f"{'mean tokens: generated':>24}{'trained':>9}{'stale':>7}{'trained / generated (+-2 se)':>30}")
+    for r in rows:
+        ratio, err = trained_ratio(r)
+        print(f"{r['tau_max']:>7}  {r['publish']:<8}{r['versions']:>9}{r['rollouts_generated']:>11,}"
+              f"{r['trained_fresh_rollouts']:>9,}{r['stale_share']:>13.2f}{r['generated_mean_tokens']:>24.0f}"
+              f"{r['trained_mean_tokens']:>9.0f}{r['stale_mean_tokens'] if r['stale_rollouts'] else float('nan'):>7.0f}"
+              f"{f'{ratio:.2f} +- {err:.2f}':>30}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="prl bench staleness", description=__doc__.splitlines()[0])
+    ap.add_argument("--producers", type=count, default=4, help="simulated generation pods")
+    ap.add_argument("--per-call", type=count, default=16, help="dispatches per generation call "
+                    "(producer.max_dispatches_per_call's default)")
+    ap.add_argument("--median-tokens", type=count, default=300, help="median completion length (log-normal)")
+    ap.add_argument("--sigma", type=positive, default=0.7, help="log-normal sigma of the completion length")
+    ap.add_argument("--max-tokens", type=count, default=1024, help="completion length cap (sampling.max_tokens)")
+    ap.add_argument("--ms-per-token", type=positive, default=2.0, help="decoding time per token of a batched call")
+    ap.add_argument("--step-s", type=positive, default=0.5, help="the learner's time per batch")
+    ap.add_argument("--tau-max", type=natural, nargs="+", default=[2, 4, 8, 16], help="scheduler.tau_max values, each run "
+                    "with every way of publishing")
+    ap.add_argument("--groups-per-batch", type=count, default=8)
+    ap.add_argument("--seconds", type=positive, default=60.0, help="measured time per way of publishing")
+    ap.add_argument("--publish", nargs="+", choices=PUBLISH, default=list(PUBLISH))
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+    quiet()
+
+    from prl.servers import KafkaBroker
+
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = KafkaBroker(log_path=Path(tmp) / "broker.log")
+        try:
+            rows = []
+            for tau_max in args.tau_max:
+                for publish in args.publish:
+                    rows.append(measure(args, broker.bootstrap, Path(tmp), publish, tau_max))
+                    print(f"tau_max {tau_max}, publish {publish}: {rows[-1]['trained_fresh_rollouts']} rollouts trained, "
+                          f"stale share {rows[-1]['stale_share']:.2f}", flush=True)
+        finally:
+            broker.stop()
+    report(rows)
+    write_json(args, runs=rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
