@@ -95,8 +95,8 @@ def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: d
     uri = root(run_dir).rstrip("/") + "/" + name
     if rank == 0:
         files: dict[str, bytes] = {
-            "model.safetensors": storage.safetensors_chunks(weights),
-            "state.json": json.dumps({**state, "step": step, "param_groups": param_groups, "world_size": world}).encode(),
+            storage.CHECKPOINT_WEIGHTS: storage.safetensors_chunks(weights),
+            storage.CHECKPOINT_STATE: json.dumps({**state, "step": step, "param_groups": param_groups, "world_size": world}).encode(),
         }
         for fname in HF_FILES:
             if (base_model_dir / fname).exists():
@@ -132,7 +132,7 @@ class Checkpoint:
 
 
 def read_state(uri: str) -> dict:
-    return json.loads(storage.read_verified(uri, "state.json"))
+    return json.loads(storage.read_verified(uri, storage.CHECKPOINT_STATE))
 
 
 def read_checkpoint(uri: str) -> Checkpoint:
@@ -142,7 +142,7 @@ def read_checkpoint(uri: str) -> Checkpoint:
 
     state = read_state(uri)
     world = state.get("world_size", 1)
-    return Checkpoint(uri, state, load(storage.read_verified(uri, "model.safetensors")),
+    return Checkpoint(uri, state, load(storage.read_verified(uri, storage.CHECKPOINT_WEIGHTS)),
                       [load(storage.read_verified(uri, optimizer_shard_name(r, world))) for r in range(world)])
 
 

@@ -139,11 +139,11 @@ def check_checkpoint(uri: str, version: int, expected: dict[str, tuple[int, ...]
     verified when they are read (:func:`read_weights`)."""
     import json
 
-    from prl.storage import StorageError, read_verified
+    from prl.storage import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, StorageError, read_verified
 
     try:
-        state = json.loads(read_verified(uri.rstrip("/"), "state.json"))
-        shapes = safetensors_shapes(read_safetensors_header(uri.rstrip("/") + "/model.safetensors"))
+        state = json.loads(read_verified(uri.rstrip("/"), CHECKPOINT_STATE))
+        shapes = safetensors_shapes(read_safetensors_header(f"{uri.rstrip('/')}/{CHECKPOINT_WEIGHTS}"))
     except (StorageError, ValueError, KeyError, OSError) as exc:
         raise CheckpointRejected("unreadable_checkpoint", f"{uri}: {str(exc)[:200]}") from None
     if state.get("step") != version:
@@ -156,8 +156,10 @@ def check_checkpoint(uri: str, version: int, expected: dict[str, tuple[int, ...]
 def checkpoint_whole(uri: str) -> bool:
     """Whether every file a producer reads of the checkpoint at ``uri`` is (still) there; one
     the learner is deleting lacks some (the pruner removes its files one by one)."""
+    from prl.storage import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, MANIFEST
+
     fs, root = fsspec.core.url_to_fs(uri.rstrip("/"))
-    return all(fs.exists(f"{root}/{name}") for name in ("model.safetensors", "state.json", "manifest.json"))
+    return all(fs.exists(f"{root}/{name}") for name in (CHECKPOINT_WEIGHTS, CHECKPOINT_STATE, MANIFEST))
 
 
 def read_weights(uri: str) -> dict:
@@ -165,6 +167,6 @@ def read_weights(uri: str) -> dict:
     checkpoint's manifest (a torn or tampered file raises StorageError; nothing is loaded)."""
     from safetensors.torch import load
 
-    from prl.storage import read_verified
+    from prl.storage import CHECKPOINT_WEIGHTS, read_verified
 
-    return load(read_verified(uri.rstrip("/"), "model.safetensors"))
+    return load(read_verified(uri.rstrip("/"), CHECKPOINT_WEIGHTS))

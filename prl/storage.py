@@ -32,6 +32,10 @@ import structlog
 Data = bytes | Iterable  # bytes, or buffers written one after the other
 log = structlog.get_logger("storage")
 
+MANIFEST = "manifest.json"  # in every versioned directory, written after its data
+CHECKPOINT_WEIGHTS = "model.safetensors"  # a learner checkpoint's files that producers read too
+CHECKPOINT_STATE = "state.json"
+
 
 class StorageError(RuntimeError):
     pass
@@ -104,7 +108,7 @@ def write_versioned(root: str, name: str, files: dict[str, Data], keep: int, met
     manifest = dict(written or {})
     for fname, data in files.items():
         manifest[fname] = _write(fs, f"{path}/{fname}", data)
-    fs.pipe_file(f"{path}/manifest.json", json.dumps(manifest).encode())
+    fs.pipe_file(f"{path}/{MANIFEST}", json.dumps(manifest).encode())
     replace_file(fs, path.rsplit("/", 1)[0] + "/latest", json.dumps({**(meta or {}), "name": name}).encode())
     if prune_in_background:
         _pruner.submit(_prune_logged, root, keep, name)
@@ -193,7 +197,7 @@ def candidates(root: str, prefix: str) -> list[str]:
     fs, path = fsspec.core.url_to_fs(root)
     for name in reversed(list_versions(root, prefix)):
         uri = root.rstrip("/") + "/" + name
-        if uri != first and fs.exists(f"{path}/{name}/manifest.json"):
+        if uri != first and fs.exists(f"{path}/{name}/{MANIFEST}"):
             out.append(uri)
     return out
 
@@ -212,13 +216,13 @@ def first_readable(uris: list[str], read, what: str):
 def has_file(uri: str, fname: str) -> bool:
     """Whether the manifest of ``uri`` lists ``fname``."""
     fs, path = fsspec.core.url_to_fs(uri)
-    return fname in json.loads(fs.cat_file(f"{path}/manifest.json"))
+    return fname in json.loads(fs.cat_file(f"{path}/{MANIFEST}"))
 
 
 def read_verified(uri: str, fname: str) -> bytes:
     """One file of a versioned directory, checked against its manifest."""
     fs, path = fsspec.core.url_to_fs(uri)
-    manifest = json.loads(fs.cat_file(f"{path}/manifest.json"))
+    manifest = json.loads(fs.cat_file(f"{path}/{MANIFEST}"))
     data = fs.cat_file(f"{path}/{fname}")
     if not _verify(data, manifest.get(fname)):
         raise StorageError(f"{uri}/{fname}: checksum does not match the manifest")
