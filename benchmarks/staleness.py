@@ -36,6 +36,8 @@ from benchmarks.scale import REWARD_MIX, LEARNER_COUNTERS, SPAWN, PolicyFollower
 from prl.cli.parser import natural
 
 PUBLISH = ("call", "group")
+GROUP_SIZE = 8
+STATS = ("rollouts", "tokens", "tokens_squared")  # what each simulated producer generated
 
 
 def publish_after(lengths: list[np.ndarray], ms_per_token: float, publish: str) -> list[float]:
@@ -52,14 +54,15 @@ class LengthProducer(threading.Thread):
     running, and publishes each group when the call ends (``call``) or when its own longest
     completion ends (``group``)."""
 
-    def __init__(self, transport, run: str, name: str, policy: PolicyFollower, args, publish: str, stats: dict):
+    def __init__(self, transport, run: str, name: str, policy: PolicyFollower, args, publish: str):
         super().__init__(daemon=True, name=name)
         from schemas.topics import PROBLEMS, ROLLOUTS, topic_name
 
         self.sub = transport.subscriber([topic_name(run, PROBLEMS)], group=f"{run}.producers")
         self.pub = transport.publisher()
         self.rollouts_topic = topic_name(run, ROLLOUTS)
-        self.policy, self.args, self.publish, self.stats = policy, args, publish, stats
+        self.policy, self.args, self.publish = policy, args, publish
+        self.stats = dict.fromkeys(STATS, 0)  # its own, so no two threads add to one number
         self.stop = threading.Event()
         self.rng = np.random.default_rng(abs(hash(name)) % 2**32)
         self.tokens = self.rng.integers(3, 16, args.max_tokens, dtype=np.int32)
@@ -112,6 +115,11 @@ def scheduler_counters(run_dir: Path) -> dict:
     return {k: last.get(f"scheduler/{k}", 0) for k in SCHEDULER_COUNTERS}
 
 
+def generated(producers: list[LengthProducer]) -> dict:
+    """What the simulated producers generated so far, added up."""
+    return {k: sum(p.stats[k] for p in producers) for k in STATS}
+
+
 def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, tau_max: int) -> Path:
     from prl.servers import write_kafka_config
 
@@ -121,7 +129,7 @@ def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, tau_
         transport={"kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000, "max_message_bytes": 64 << 20,
                              "fetch_max_wait_ms": 50, "problem_partitions": args.producers}},
         task={"train_per_digit": [80, 8000, 20000, 20000]},
-        sampling={"group_size": 8, "max_tokens": args.max_tokens},
+        sampling={"group_size": GROUP_SIZE, "max_tokens": args.max_tokens},
         scheduler={"groups_per_batch": args.groups_per_batch, "tau_max": tau_max,
                    "max_in_flight": 2 * args.producers * args.per_call,
                    "snapshot_every": 0, "archive": False, "dispatch_timeout_s": 600.0},
@@ -146,22 +154,21 @@ def measure(args, bootstrap: str, work: Path, publish: str, tau_max: int) -> dic
     learner = Side(acknowledge_batches, config, learned, args.step_s)
     policy = PolicyFollower(transport, run)
     policy.start()
-    stats = {"rollouts": 0, "tokens": 0, "tokens_squared": 0}
-    producers = [LengthProducer(transport, run, f"sim-{i}", policy, args, publish, stats) for i in range(args.producers)]
+    producers = [LengthProducer(transport, run, f"sim-{i}", policy, args, publish) for i in range(args.producers)]
     for p in producers:
         p.start()
     try:
         time.sleep(args.seconds / 3)  # settle: groups join, the learner starts taking versions
-        before, generated0, version0 = scheduler_counters(run_dir), dict(stats), policy.version
+        before, generated0, version0 = scheduler_counters(run_dir), generated(producers), policy.version
         time.sleep(args.seconds)
-        after, generated, version = scheduler_counters(run_dir), dict(stats), policy.version
+        after, generated1, version = scheduler_counters(run_dir), generated(producers), policy.version
     finally:
         for p in [*producers, policy]:
             p.stop.set()
         learner.stop()
         scheduler.stop()
     d = {k: after[k] - before[k] for k in SCHEDULER_COUNTERS}
-    n, total, squares = (generated[k] - generated0[k] for k in ("rollouts", "tokens", "tokens_squared"))
+    n, total, squares = (generated1[k] - generated0[k] for k in STATS)
     mean = total / max(1, n)
     return {
         "publish": publish, "tau_max": tau_max, "versions": version - version0, "rollouts_generated": n,
@@ -170,7 +177,7 @@ def measure(args, bootstrap: str, work: Path, publish: str, tau_max: int) -> dic
         "trained_mean_tokens": d["trained_completion_tokens"] / max(1, d["trained_fresh_rollouts"]),
         "stale_rollouts": d["stale_fresh_rollouts"],
         "stale_mean_tokens": d["stale_completion_tokens"] / max(1, d["stale_fresh_rollouts"]),
-        "stale_share": d["stale_fresh_rollouts"] / max(1, d["groups_returned"] * 8),
+        "stale_share": d["stale_fresh_rollouts"] / max(1, d["groups_returned"] * GROUP_SIZE),
     }
 
 
