@@ -31,9 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import count, positive, write_json
-from benchmarks.scale import REWARD_MIX, LEARNER_COUNTERS, SPAWN, PolicyFollower, Side, acknowledge_batches, quiet
-from prl.cli.parser import natural
+from benchmarks.common import count, natural, positive, write_json
+from benchmarks.scale import LEARNER_COUNTERS, REWARD_MIX, SPAWN, PolicyFollower, Side, acknowledge_batches, quiet
 
 PUBLISH = ("call", "group")
 GROUP_SIZE = 8
