@@ -210,10 +210,11 @@ def main(argv=None) -> int:
     ap.add_argument("--step-s", type=positive, default=0.5, help="the learner's time per batch")
     ap.add_argument("--tau-max", type=natural, nargs="+", default=[2, 4, 8, 16], help="scheduler.tau_max values, each run "
                     "with every way of publishing")
-    ap.add_argument("--groups-per-batch", type=count, default=8)
+    ap.add_argument("--groups-per-batch", type=count, default=8, help="scheduler.groups_per_batch")
     ap.add_argument("--seconds", type=positive, default=60.0, help="measured time per way of publishing")
-    ap.add_argument("--publish", nargs="+", choices=PUBLISH, default=list(PUBLISH))
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--publish", nargs="+", choices=PUBLISH, default=list(PUBLISH), help="ways of publishing to run: "
+                    "call (a call's groups together, as producers/ do), group (each as its own completions end)")
+    ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     args = ap.parse_args(argv)
     quiet()
 
