@@ -16,7 +16,9 @@ publishing, one after the other on the same broker, each for the same time and a
 ``--tau-max``: ``call``, as `producers/` does, and ``group``, each group as soon as its own
 completions end (a streaming producer, not built). Printed side by side: the mean completion
 length generated, trained (fresh rollouts) and dropped as stale by the scheduler, the share
-dropped, and trained / generated with two standard errors of a random sample of that size.
+dropped, and trained / generated with two standard errors of a random sample of that size;
+and a figure (``--png``): per completion length, the share of what could be trained (groups with
+a signal) that was, over the run's share, read back from the batches composed in the window.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from benchmarks.scale import LEARNER_COUNTERS, REWARD_MIX, SPAWN, PolicyFollower
 
 PUBLISH = ("call", "group")
 GROUP_SIZE = 8
-STATS = ("rollouts", "tokens", "tokens_squared")  # what each simulated producer generated
+LENGTH_BINS = 16  # of the completion length, 0 .. --max-tokens, for the figure
+STATS = ("rollouts", "tokens", "tokens_squared", "signal_by_length")  # what each simulated producer generated
 
 
 def publish_after(lengths: list[np.ndarray], ms_per_token: float, publish: str) -> list[float]:
@@ -61,7 +64,8 @@ class LengthProducer(threading.Thread):
         self.pub = transport.publisher()
         self.rollouts_topic = topic_name(run, ROLLOUTS)
         self.policy, self.args, self.publish = policy, args, publish
-        self.stats = dict.fromkeys(STATS, 0)  # its own, so no two threads add to one number
+        # its own figures, so no two threads add to one number
+        self.stats = {**dict.fromkeys(STATS, 0), "signal_by_length": np.zeros(LENGTH_BINS, dtype=np.int64)}
         self.stop = threading.Event()
         self.rng = np.random.default_rng(abs(hash(name)) % 2**32)
         self.tokens = self.rng.integers(3, 16, args.max_tokens, dtype=np.int32)
@@ -80,6 +84,7 @@ class LengthProducer(threading.Thread):
                             rollouts, 0.0, 0.0, time.time())
 
     def run(self) -> None:
+        from prl.formulas import has_signal
         from schemas import Dispatch, decode, encode, headers
 
         while not self.stop.is_set():
@@ -98,6 +103,9 @@ class LengthProducer(threading.Thread):
                 self.stats["rollouts"] += len(lengths[i])
                 self.stats["tokens"] += int(lengths[i].sum())
                 self.stats["tokens_squared"] += int((lengths[i] ** 2).sum())
+                if has_signal(g.rewards):  # only these can be trained: the figure's denominator
+                    made = length_histogram(lengths[i], self.args.max_tokens)
+                    self.stats["signal_by_length"] = self.stats["signal_by_length"] + made  # a new array: read whole
             self.sub.commit()
         self.sub.close()
         self.pub.close()
@@ -112,6 +120,29 @@ def scheduler_counters(run_dir: Path) -> dict:
     path = run_dir / "metrics-scheduler.jsonl"
     last = json.loads(path.read_text().splitlines()[-1]) if path.exists() and path.read_text().strip() else {}
     return {k: last.get(f"scheduler/{k}", 0) for k in SCHEDULER_COUNTERS}
+
+
+def length_histogram(lengths, max_tokens: int) -> np.ndarray:
+    """Counts of ``lengths`` in LENGTH_BINS equal bins from 0 to ``max_tokens`` (the cap in the last)."""
+    return np.histogram(lengths, LENGTH_BINS, (0, max_tokens))[0]
+
+
+def trained_by_length(transport, run: str, since: float, until: float, max_tokens: int) -> np.ndarray:
+    """The completion lengths of the fresh rollouts in the batches composed between ``since``
+    and ``until`` (read back from the batch topic), as a histogram."""
+    from schemas import TrainBatch, decode
+    from schemas.topics import BATCHES, topic_name
+
+    sub = transport.subscriber([topic_name(run, BATCHES)], group=None, from_beginning=True)
+    counts, quiet_polls, deadline = np.zeros(LENGTH_BINS, dtype=np.int64), 0, time.monotonic() + 60
+    while quiet_polls < 3 and time.monotonic() < deadline:  # read to the end of the topic
+        msgs = sub.poll(1.0)
+        quiet_polls = 0 if msgs else quiet_polls + 1
+        for batch in (decode(m.value, TrainBatch) for m in msgs):
+            if since <= batch.created_at <= until:
+                counts += length_histogram([len(r.completion_ids) for r in batch.rollouts if not r.is_replay], max_tokens)
+    sub.close()
+    return counts
 
 
 def generated(producers: list[LengthProducer]) -> dict:
@@ -158,16 +189,17 @@ def measure(args, bootstrap: str, work: Path, publish: str, tau_max: int) -> dic
         p.start()
     try:
         time.sleep(args.seconds / 3)  # settle: groups join, the learner starts taking versions
-        before, generated0, version0 = scheduler_counters(run_dir), generated(producers), policy.version
+        before, generated0, version0, since = scheduler_counters(run_dir), generated(producers), policy.version, time.time()
         time.sleep(args.seconds)
-        after, generated1, version = scheduler_counters(run_dir), generated(producers), policy.version
+        after, generated1, version, until = scheduler_counters(run_dir), generated(producers), policy.version, time.time()
+        trained = trained_by_length(transport, run, since, until, args.max_tokens)
     finally:
         for p in [*producers, policy]:
             p.stop.set()
         learner.stop()
         scheduler.stop()
     d = {k: after[k] - before[k] for k in SCHEDULER_COUNTERS}
-    n, total, squares = (generated1[k] - generated0[k] for k in STATS)
+    n, total, squares, signal = (generated1[k] - generated0[k] for k in STATS)
     mean = total / max(1, n)
     return {
         "publish": publish, "tau_max": tau_max, "versions": version - version0, "rollouts_generated": n,
@@ -177,6 +209,8 @@ def measure(args, bootstrap: str, work: Path, publish: str, tau_max: int) -> dic
         "stale_rollouts": d["stale_fresh_rollouts"],
         "stale_mean_tokens": d["stale_completion_tokens"] / max(1, d["stale_fresh_rollouts"]),
         "stale_share": d["stale_fresh_rollouts"] / max(1, d["groups_returned"] * GROUP_SIZE),
+        "length_bin_edges": np.linspace(0, args.max_tokens, LENGTH_BINS + 1).tolist(),
+        "signal_generated_by_length": signal.tolist(), "trained_by_length": trained.tolist(),
     }
 
 
@@ -214,6 +248,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=positive, default=60.0, help="measured time per way of publishing")
     ap.add_argument("--publish", nargs="+", choices=PUBLISH, default=list(PUBLISH), help="ways of publishing to run: "
                     "call (a call's groups together, as producers/ do), group (each as its own completions end)")
+    ap.add_argument("--png", default="docs/bench-staleness.png", help="where the figure goes: the trained share by "
+                    "completion length, per tau_max and way of publishing")
     ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     args = ap.parse_args(argv)
     quiet()
@@ -232,6 +268,10 @@ def main(argv=None) -> int:
         finally:
             broker.stop()
     report(rows)
+    from prl.plots import trained_share_by_length
+
+    trained_share_by_length(rows, args.png)
+    print(f"figure: {args.png}")
     write_json(args, runs=rows)
     return 0
 
