@@ -30,8 +30,9 @@ def write_json(args, **figures) -> None:
     """Write the run's arguments, the code's commit and the figures to ``args.json`` when it
     was given."""
     if args.json:
+        code = code_version()  # before the file is opened: rewriting a committed results file would count as a change
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "code": code_version(), **figures}, f, indent=2, default=str)
+            json.dump({"args": vars(args), "code": code, **figures}, f, indent=2, default=str)
 
 
 def quiet_console() -> None:

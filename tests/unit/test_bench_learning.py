@@ -225,6 +225,22 @@ def test_benchmark_json_records_the_commit_it_ran_from(tmp_path):
         assert len(code["commit"]) == 40 and isinstance(code["dirty"], bool)
 
 
+def test_the_code_version_is_read_before_the_results_file_is_rewritten(tmp_path, monkeypatch):
+    """Rewriting a committed results file must not mark the run's own code as changed: the
+    tree is checked before the file is opened (and so truncated)."""
+    from argparse import Namespace
+
+    from benchmarks import common
+
+    out = tmp_path / "results.json"
+    out.write_text("the committed figures")
+    seen = []
+    monkeypatch.setattr(common, "code_version", lambda: seen.append(out.read_text()) or {"commit": None, "dirty": None})
+    common.write_json(Namespace(json=str(out)), figure=1.0)
+    assert seen == ["the committed figures"]
+    assert json.loads(out.read_text())["figure"] == 1.0
+
+
 @pytest.mark.slow
 def test_runs_in_parallel_processes_are_stored_as_sequential_ones_are(tmp_path):
     """--jobs 2 runs each seed in its own process: the stored runs are the same strategies and
