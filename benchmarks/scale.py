@@ -233,11 +233,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def last_metrics(run_dir: Path) -> dict:
+    """The scheduler's last metrics line ({} before its first batch)."""
+    path = run_dir / "metrics-scheduler.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return json.loads(lines[-1]) if lines else {}
+
+
 def scheduler_figures(run_dir: Path) -> dict:
     """The scheduler's last metrics line: groups accepted and seconds per phase."""
-    lines = [json.loads(x) for x in (run_dir / "metrics-scheduler.jsonl").read_text().splitlines()] \
-        if (run_dir / "metrics-scheduler.jsonl").exists() else []
-    last = lines[-1] if lines else {}
+    last = last_metrics(run_dir)
     return {"accepted": last.get("scheduler/groups_returned", 0), "dispatched": last.get("scheduler/dispatched", 0),
             "dispatch_to_ack_ms": last.get("scheduler/dispatch_to_ack_ms", 0),
             "dispatch_to_ack_buckets": {k.rsplit("/", 1)[1]: v for k, v in last.items()

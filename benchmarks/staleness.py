@@ -24,7 +24,6 @@ a signal) that was, over the run's share, read back from the batches composed in
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading
@@ -34,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import count, natural, positive, write_json
-from benchmarks.scale import LEARNER_COUNTERS, REWARD_MIX, SPAWN, PolicyFollower, Side, acknowledge_batches, quiet
+from benchmarks.scale import (LEARNER_COUNTERS, REWARD_MIX, SPAWN, PolicyFollower, Side, acknowledge_batches, last_metrics,
+                              quiet)
 
 PUBLISH = ("call", "group")
 GROUP_SIZE = 8
@@ -117,8 +117,7 @@ SCHEDULER_COUNTERS = ("trained_fresh_rollouts", "trained_completion_tokens", "st
 
 def scheduler_counters(run_dir: Path) -> dict:
     """The scheduler's counters on its last metrics line (0 before its first batch)."""
-    path = run_dir / "metrics-scheduler.jsonl"
-    last = json.loads(path.read_text().splitlines()[-1]) if path.exists() and path.read_text().strip() else {}
+    last = last_metrics(run_dir)
     return {k: last.get(f"scheduler/{k}", 0) for k in SCHEDULER_COUNTERS}
 
 
