@@ -234,10 +234,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 def last_metrics(run_dir: Path) -> dict:
-    """The scheduler's last metrics line ({} before its first batch)."""
+    """The scheduler's last complete metrics line ({} before its first batch). The scheduler is
+    still running: a line it is writing at this moment has no newline yet and is not read."""
     path = run_dir / "metrics-scheduler.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return json.loads(lines[-1]) if lines else {}
+    text = path.read_text() if path.exists() else ""
+    complete = text[: text.rfind("\n") + 1].splitlines()
+    return json.loads(complete[-1]) if complete else {}
 
 
 def scheduler_figures(run_dir: Path) -> dict:
