@@ -6,7 +6,9 @@ dispatch with a synthetic rollout group (G rollouts of ``--tokens`` completion t
 log-probs, a realistic mix of all-wrong, all-right and mixed rewards) after a simulated
 generation time, stamped with the newest version the learner announced; and a learner that
 only acknowledges (its own process; it announces a new version per batch). The producer count
-is ramped until the scheduler falls behind (the groups it has not accepted yet keep growing).
+is ramped until the scheduler falls behind (the groups it has not accepted yet keep growing);
+where it keeps up at every step, the summary says so: the simulated producers (one process)
+capped the offer, and the sustained figure is a floor of what the scheduler carries.
 Reported per step: groups/s and MB/s offered and accepted, the scheduler's CPU per group and
 where its time goes (decode, statistics, compose and replay, encode, Kafka I/O, snapshots),
 the cores each process used, dispatch latency p50/p99 (issued -> readable by any producer,
@@ -395,18 +397,32 @@ def raw_ceiling(bootstrap: str, tokens: int, seconds_hint: int = 400) -> dict:
             "prl_transport_MB_per_s": out["prl_MB_per_s"]}
 
 
+def ramp_end(steps: list[dict]) -> str:
+    """What ended a ramp: the scheduler falling behind, or (it kept up at every step) the
+    simulated producers offering no more, so the sustained figure is a floor, not its limit."""
+    late = [s for s in steps if behind(s)]
+    if late:
+        return f"the scheduler fell behind at {late[0]['producers']} producers"
+    top = max(steps, key=lambda s: s["offered_groups_per_s"])
+    return (f"the scheduler kept up at every step, so this is a floor: the offer peaked at "
+            f"{top['offered_groups_per_s']:.0f} groups/s ({top['producers']} producers, their process "
+            f"{top['cores_used']['producers']:.2f} cores)")
+
+
 def summary_line(mode: str, steps: list[dict], ceiling: dict) -> dict:
     """Prints the best sustained step of a ramp (the most groups accepted by a step that kept
-    up; the best step if none did) against the raw ceiling; returns that step."""
+    up; the best step if none did) against the raw ceiling and what ended the ramp; returns that
+    step with ``ramp_end``."""
     kept_up = [s for s in steps if not behind(s)] or steps
-    best = max(kept_up, key=lambda s: s["accepted_groups_per_s"])
+    best = max(kept_up, key=lambda s: s["accepted_groups_per_s"]) | {"ramp_end": ramp_end(steps)}
     bytes_per_group = best["MB_per_s_in"] * 1e6 / max(1e-9, best["offered_groups_per_s"])
     against_raw = ("fewer bytes per group than the raw figure moves: not compared with it"
                    if mode.endswith("+rewards_only") else
                    f"raw kafka-python, same bytes: {ceiling['raw_MB_per_s']:.1f} MB/s ({ceiling['raw_groups_per_s']:.1f} "
                    f"groups/s) -> {best['accepted_groups_per_s'] / ceiling['raw_groups_per_s']:.2f}x raw (goal >= 0.5)")
     print(f"{mode}: sustained {best['accepted_groups_per_s']:.1f} groups/s "
-          f"({best['accepted_groups_per_s'] * bytes_per_group / 1e6:.1f} MB/s) with {best['producers']} producers; "
+          f"({best['accepted_groups_per_s'] * bytes_per_group / 1e6:.1f} MB/s) with {best['producers']} producers "
+          f"({best['ramp_end']}); "
           f"{against_raw}; dispatch latency p99 "
           f"{best['dispatch_latency_p99_ms'] or 0:.0f} ms (the scheduler's side, issued -> acknowledged: p99 <= "
           f"{best.get('dispatch_to_ack_p99_ms') or 0:.0f} ms; goal < 100; raw kafka-python publish -> consume on this broker: "

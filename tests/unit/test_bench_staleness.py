@@ -40,15 +40,3 @@ def test_the_figure_is_written(tmp_path):
     trained_share_by_length(rows, str(tmp_path / "staleness.png"))
     assert (tmp_path / "staleness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-
-def test_the_schedulers_last_metrics_line_is_read_only_once_it_is_whole(tmp_path):
-    from benchmarks.scale import last_metrics
-
-    path = tmp_path / "metrics-scheduler.jsonl"
-    assert last_metrics(tmp_path) == {}
-    path.write_text('{"scheduler/dispatched": 8}\n{"scheduler/dispa')  # the scheduler is mid-write
-    assert last_metrics(tmp_path) == {"scheduler/dispatched": 8}
-    path.write_text('{"scheduler/dispa')
-    assert last_metrics(tmp_path) == {}
-    path.write_text('{"scheduler/dispatched": 8}\n{"scheduler/dispatched": 16}\n')
-    assert last_metrics(tmp_path) == {"scheduler/dispatched": 16}
