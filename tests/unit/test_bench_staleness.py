@@ -39,4 +39,3 @@ def test_the_figure_is_written(tmp_path):
              "trained_by_length": trained} for publish, trained in (("call", [200, 150, 50, 5]), ("group", [260, 150, 30, 0]))]
     trained_share_by_length(rows, str(tmp_path / "staleness.png"))
     assert (tmp_path / "staleness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
