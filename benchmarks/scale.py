@@ -1,13 +1,13 @@
 """`prl bench scale`: how many producers one scheduler keeps up with, on this machine.
 
 The real scheduler (`prl scheduler`, its own process) on the real broker (tansu), fed by
-simulated producers (threads of this process): consumer-group members that answer each
-dispatch with a synthetic rollout group (G rollouts of ``--tokens`` completion tokens with
-log-probs, a realistic mix of all-wrong, all-right and mixed rewards) after a simulated
-generation time, stamped with the newest version the learner announced; and a learner that
-only acknowledges (its own process; it announces a new version per batch). The producer count
-is ramped until the scheduler falls behind (the groups it has not accepted yet keep growing);
-where it keeps up at every step, the summary says so: the simulated producers (one process)
+simulated producers (threads of ``--producer-processes`` helper processes): consumer-group
+members that answer each dispatch with a synthetic rollout group (G rollouts of ``--tokens``
+completion tokens with log-probs, a realistic mix of all-wrong, all-right and mixed rewards)
+after a simulated generation time, stamped with the newest version the learner announced; and
+a learner that only acknowledges (its own process; it announces a new version per batch). The
+producer count is ramped until the scheduler falls behind (the groups it has not accepted yet
+keep growing); where it keeps up at every step, the summary says so: the simulated producers
 capped the offer, and the sustained figure is a floor of what the scheduler carries.
 Reported per step: groups/s and MB/s offered and accepted, the scheduler's CPU per group and
 where its time goes (decode, statistics, compose and replay, encode, Kafka I/O, snapshots),
@@ -215,6 +215,84 @@ class Side:
             self.proc.kill()
 
 
+def run_producers(config: str, stop, totals, commands, queued, ready, tokens: int, per_call: int, call_s: float) -> None:
+    """A helper process of simulated producers: sets ``ready`` once it can start them, starts a
+    SimProducer thread for each name a command brings, and every 0.1 s adds up what they sent
+    into ``totals`` (groups, bytes) and passes on the times dispatches queued until taken."""
+    import queue as queue_module
+
+    from prl.transport.kafka import KafkaTransport
+    from schemas.config import load_config
+
+    quiet()
+    cfg, parent = load_config(config), os.getppid()
+    transport = KafkaTransport(cfg.transport.kafka)
+    templates = Templates(tokens, 8, cfg.producer.drop_zero_signal_completions)
+    policy = PolicyFollower(transport, cfg.run.name)
+    policy.start()
+    threads: list[SimProducer] = []
+    ready.set()
+    while running(stop, parent):
+        try:
+            for name in commands.get(timeout=0.1):
+                threads.append(SimProducer(transport, cfg.run.name, name, templates, policy, per_call, call_s,
+                                           {"latency": [], "groups": 0, "bytes": 0}))
+                threads[-1].start()
+        except queue_module.Empty:
+            pass
+        totals[0], totals[1] = sum(t.stats["groups"] for t in threads), sum(t.stats["bytes"] for t in threads)
+        waited = []
+        for t in threads:  # taken from the front: the thread only appends
+            seen = len(t.stats["latency"])
+            waited += t.stats["latency"][:seen]
+            del t.stats["latency"][:seen]
+        if waited:
+            queued.put(waited)
+    for t in [*threads, policy]:
+        t.stop.set()
+
+
+def producer_names(have: int, want: int, processes: int) -> list[list[str]]:
+    """The names of producers ``have`` .. ``want - 1``, dealt round-robin to ``processes``."""
+    return [[f"sim-{i}" for i in range(have, want) if i % processes == k] for k in range(processes)]
+
+
+class ProducerPool:
+    """The simulated producers, spread round-robin over ``processes`` helper processes so that
+    the load they offer is not capped by one interpreter (real producers are pods of their own)."""
+
+    def __init__(self, config: Path, processes: int, tokens: int, per_call: int, call_s: float, timeout_s: float = 120.0):
+        self.queued, self.count = SPAWN.Queue(), 0  # times until taken, from every process
+        self.sent = [SPAWN.Array("d", 2) for _ in range(processes)]  # each process's groups and bytes sent
+        self.commands = [SPAWN.Queue() for _ in range(processes)]  # names of producers to start
+        ready = [SPAWN.Event() for _ in range(processes)]
+        self.sides = [Side(run_producers, config, sent, commands, self.queued, up, tokens, per_call, call_s)
+                      for sent, commands, up in zip(self.sent, self.commands, ready)]
+        self.pids = [side.proc.pid for side in self.sides]
+        deadline = time.monotonic() + timeout_s
+        for side, up in zip(self.sides, ready):  # imported and connected: steps measure producers, not start-up
+            while not up.wait(0.2):
+                if not side.proc.is_alive() or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"a simulated producers' process did not start within {timeout_s:.0f} s "
+                                       f"(exit code {side.proc.exitcode})")
+
+    def grow(self, count: int) -> None:
+        """Start producers until there are ``count``."""
+        for commands, names in zip(self.commands, producer_names(self.count, count, len(self.sides))):
+            if names:
+                commands.put(names)
+        self.count = max(self.count, count)
+
+    def totals(self) -> tuple[float, float]:
+        """Groups and bytes sent so far, all processes (as of their last report, at most 0.1 s old)."""
+        return sum(sent[0] for sent in self.sent), sum(sent[1] for sent in self.sent)
+
+    def stop(self) -> None:
+        for side in self.sides:
+            side.stop()
+
+
 def drain(queue) -> list[float]:
     """Every latency the watcher has put on ``queue`` so far."""
     import queue as queue_module
@@ -227,10 +305,10 @@ def drain(queue) -> list[float]:
             return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    import os
-
+def cpu_seconds(pid: int | list[int]) -> float:
+    """User + system CPU seconds of a process, or of several together (Linux /proc)."""
+    if isinstance(pid, list):
+        return sum(cpu_seconds(p) for p in pid)
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -289,26 +367,20 @@ def ramp(args, bootstrap: str, broker_pid: int | None, work: Path, mode: str) ->
     counters, latencies = SPAWN.Array("d", len(LEARNER_COUNTERS)), {"dispatch": SPAWN.Queue(), "probe": SPAWN.Queue()}
     learner, watcher = Side(acknowledge_batches, config, counters), Side(watch_dispatches, config, latencies["dispatch"])
     probe = Side(probe_broker, config, latencies["probe"])
-    templates, policy = Templates(args.tokens, 8, cfg.producer.drop_zero_signal_completions), PolicyFollower(transport, run)
-    policy.start()
-    producers: list[SimProducer] = []
+    pool = ProducerPool(config, args.producer_processes, args.tokens, args.per_call, args.call_s)
+    latencies["queued"] = pool.queued
     steps = []
     try:
         for count in args.producers:
-            while len(producers) < count:
-                stats = {"latency": [], "groups": 0, "bytes": 0}
-                producers.append(SimProducer(transport, run, f"sim-{len(producers)}", templates, policy, args.per_call,
-                                             args.call_s, stats))
-                producers[-1].start()
-            pids = {"scheduler": scheduler.proc.pid, "broker": broker_pid, "producers": os.getpid(),
+            pool.grow(count)
+            pids = {"scheduler": scheduler.proc.pid, "broker": broker_pid, "producers": pool.pids,
                     "learner": learner.proc.pid, "watcher": watcher.proc.pid, "probe": probe.proc.pid}
-            steps.append(measure(producers, latencies, pids, run_dir, counters, args.seconds, count))
+            steps.append(measure(pool, latencies, pids, run_dir, counters, args.seconds, count))
             print(f"{mode:>24} " + format_step(steps[-1]), flush=True)
             if len(steps) > 1 and all(behind(s) for s in steps[-2:]):
                 break  # two steps in a row behind: groups pile up unaccepted
     finally:
-        for p in [*producers, policy]:
-            p.stop.set()
+        pool.stop()
         for side in (learner, watcher, probe):
             side.stop()
         scheduler.stop()
@@ -330,23 +402,21 @@ def cores_used(pids: dict, before: dict, dt: float) -> dict:
     return {name: (cpu_seconds(pid) - before[name]) / dt for name, pid in pids.items() if pid}
 
 
-def measure(producers, latencies: dict, pids: dict, run_dir: Path, counters, seconds: float, count: int) -> dict:
+def measure(pool: ProducerPool, latencies: dict, pids: dict, run_dir: Path, counters, seconds: float, count: int) -> dict:
     time.sleep(seconds / 3)  # settle after adding producers
     cpu_before = {name: cpu_seconds(p) for name, p in pids.items() if p}
-    groups0, bytes0 = sum(p.stats["groups"] for p in producers), sum(p.stats["bytes"] for p in producers)
+    groups0, bytes0 = pool.totals()
     sched0, learner0 = scheduler_figures(run_dir), dict(zip(LEARNER_COUNTERS, counters[:]))
-    for p in producers:
-        p.stats["latency"] = []
     for queue in latencies.values():
         drain(queue)
     t0 = time.monotonic()
     time.sleep(seconds)
     dt = time.monotonic() - t0
-    groups, nbytes = sum(p.stats["groups"] for p in producers) - groups0, sum(p.stats["bytes"] for p in producers) - bytes0
+    groups, nbytes = (now - before for now, before in zip(pool.totals(), (groups0, bytes0)))
     sched = scheduler_figures(run_dir)
     accepted = sched["accepted"] - sched0["accepted"]
-    queued = [x for p in producers for x in p.stats["latency"]]
     learner_stats, seen, probed = dict(zip(LEARNER_COUNTERS, counters[:])), drain(latencies["dispatch"]), drain(latencies["probe"])
+    queued = drain(latencies["queued"])
     trained = learner_stats["trained_rollouts"] - learner0["trained_rollouts"]
     broker_bytes = nbytes + learner_stats["batch_bytes"] - learner0["batch_bytes"]
     cores = cores_used(pids, cpu_before, dt)
@@ -405,7 +475,7 @@ def ramp_end(steps: list[dict]) -> str:
         return f"the scheduler fell behind at {late[0]['producers']} producers"
     top = max(steps, key=lambda s: s["offered_groups_per_s"])
     return (f"the scheduler kept up at every step, so this is a floor: the offer peaked at "
-            f"{top['offered_groups_per_s']:.0f} groups/s ({top['producers']} producers, their process "
+            f"{top['offered_groups_per_s']:.0f} groups/s ({top['producers']} producers, using "
             f"{top['cores_used']['producers']:.2f} cores)")
 
 
@@ -515,6 +585,9 @@ def main(argv=None) -> int:
     ap.add_argument("--producers", type=count, nargs="+", default=[1, 2, 4, 8, 16, 32, 64], help="the ramp of simulated producers")
     ap.add_argument("--tokens", type=count, default=2000, help="completion tokens per rollout")
     ap.add_argument("--per-call", type=count, default=8, help="dispatches a simulated producer takes per generation call")
+    ap.add_argument("--producer-processes", type=count, default=1,
+                    help="helper processes the simulated producers are spread over (threads in each), so one "
+                         "interpreter does not cap the load they offer")
     ap.add_argument("--call-s", type=positive, default=0.5, help="simulated generation time per call")
     ap.add_argument("--seconds", type=positive, default=20.0, help="measurement time per ramp step")
     ap.add_argument("--groups-per-batch", type=count, default=32)

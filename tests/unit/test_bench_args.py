@@ -14,6 +14,7 @@ from prl.cli import main
     (["scheduler", "--problems", "many"], "argument --problems: 'many' is not a whole number >= 1"),
     (["scale", "--producers", "8", "0"], "argument --producers: '0' is not a whole number >= 1"),
     (["scale", "--call-s", "0"], "argument --call-s: '0' is not a number > 0"),
+    (["scale", "--producer-processes", "0"], "argument --producer-processes: '0' is not a whole number >= 1"),
     (["staleness", "--ms-per-token", "0"], "argument --ms-per-token: '0' is not a number > 0"),
     (["staleness", "--publish", "stream"], "argument --publish: invalid choice: 'stream'"),
     (["replay", "--ratio", "1.5"], "argument --ratio: '1.5' is not a number from 0 to 1"),

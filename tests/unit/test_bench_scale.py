@@ -1,6 +1,6 @@
 """`prl bench scale`: reading the running scheduler's metrics, and what a ramp's end says."""
 
-from benchmarks.scale import last_metrics, ramp_end
+from benchmarks.scale import last_metrics, producer_names, ramp_end
 
 
 def step(producers: int, offered: float, backlog: float) -> dict:
@@ -29,3 +29,10 @@ def test_a_ramp_the_scheduler_kept_up_with_is_a_floor_set_by_the_offer():
     end = ramp_end(steps)
     assert end.startswith("the scheduler kept up at every step, so this is a floor")
     assert "peaked at 230 groups/s (32 producers" in end
+
+
+def test_producers_are_dealt_round_robin_to_the_processes_as_the_ramp_grows():
+    assert producer_names(0, 5, 2) == [["sim-0", "sim-2", "sim-4"], ["sim-1", "sim-3"]]
+    assert producer_names(5, 8, 2) == [["sim-6"], ["sim-5", "sim-7"]]
+    assert producer_names(8, 8, 3) == [[], [], []]
+    assert producer_names(0, 2, 1) == [["sim-0", "sim-1"]]
