@@ -200,8 +200,8 @@ def acknowledge_batches(config: str, stop, counters, step_s: float = 0.0) -> Non
 
 
 class Side:
-    """A helper process of the benchmark (the watcher or the learner), stopped by an event;
-    ``target(config, stop_event, shared, *extra)``."""
+    """A helper process of the benchmark (the learner, the watcher, the probe, simulated
+    producers), stopped by an event; ``target(config, stop_event, shared, *extra)``."""
 
     def __init__(self, target, config: Path, shared, *extra):
         self.stop_event = SPAWN.Event()
@@ -294,7 +294,7 @@ class ProducerPool:
 
 
 def drain(queue) -> list[float]:
-    """Every latency the watcher has put on ``queue`` so far."""
+    """Every latency a helper process has put on ``queue`` so far."""
     import queue as queue_module
 
     out: list[float] = []
