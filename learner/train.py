@@ -120,18 +120,22 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg) -> tuple
 
 
 def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0, dist=None) -> dict[str, float]:
-    """One optimizer step on a batch: micro-batches of at most ``cfg.micro_batch_tokens``
-    padded tokens with gradient accumulation, so the loss and gradients equal the
-    whole-batch token-mean; under FSDP every rank takes its share of the micro-batches.
-    Then grad-norm clip and AdamW step; returns the batch's metrics (global)."""
+    """``cfg.updates_per_batch`` optimizer steps (GRPO's mu, default 1) on a batch: each over
+    micro-batches of at most ``cfg.micro_batch_tokens`` padded tokens with gradient
+    accumulation, so the loss and gradients equal the whole-batch token-mean; under FSDP every
+    rank takes its share of the micro-batches. Then grad-norm clip and AdamW step; returns the
+    batch's metrics (global) from the first pass, the batch against the policy it arrived at."""
     world, rank = (dist.world, dist.rank) if dist is not None else (1, 0)
     total_tokens = sum(len(r.completion_ids) for r in rollouts)
     plan = plan_micro_batches(rollouts, cfg.micro_batch_tokens, world)[rank]
-    optimizer.zero_grad(set_to_none=True)
     model.train()
-    sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()
+    for update in range(cfg.updates_per_batch):
+        optimizer.zero_grad(set_to_none=True)
+        pass_sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world)
+        pass_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        if update == 0:
+            sums, grad_norm = pass_sums, pass_norm
     model.eval()
     return {
         **step_metrics(dict(zip(STAT_NAMES, sums.tolist())), total_tokens),

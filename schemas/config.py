@@ -155,6 +155,7 @@ class LearnerConfig(Section):
     clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio lower clip: 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio upper clip: 1 + clip_high.")
     dual_clip: float = Field(10.0, gt=1, description="Dual-clip bound c for negative advantages.")
+    updates_per_batch: int = Field(1, ge=1, description="Optimizer steps on each batch (GRPO's mu): every step after the first reuses the batch, its ratios clipped against the behaviour log-probs.")
     checkpoint_every: int = Field(1, ge=1, description="Write a checkpoint (and let producers reload) every N steps.")
     keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept; older ones are deleted after a newer one is complete.")
     eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps (0: never).")

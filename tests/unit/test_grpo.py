@@ -120,3 +120,25 @@ def test_the_training_step_goes_through_the_tested_loss(monkeypatch):
     total = sum(len(r.completion_ids) for r in rollouts)
     assert m["micro_batches"] > 1 and [k["total_tokens"] for k in calls if "total_tokens" in k] == [total] * m["micro_batches"]
     assert m["loss"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_updates_per_batch_steps_the_optimizer_that_many_times_on_one_batch():
+    """GRPO's mu: mu optimizer steps on one batch, each moving the weights further; the step's
+    metrics are the first pass's (the batch against the policy it arrived at), as with one."""
+    from learner.train import train_step
+    from prl.models import load_model
+    from schemas.config import LearnerConfig
+
+    rollouts = random_rollouts(12, seed=2)
+    runs = {}
+    for mu in (1, 3):
+        torch.manual_seed(0)
+        model = load_model("builtin:tiny-adder")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        steps = []
+        opt.register_step_post_hook(lambda *_: steps.append(1))
+        m = train_step(model, opt, rollouts, LearnerConfig(updates_per_batch=mu))
+        runs[mu] = (len(steps), m, torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert runs[1][0] == 1 and runs[3][0] == 3
+    assert runs[3][1]["loss"] == pytest.approx(runs[1][1]["loss"], rel=1e-6)
+    assert not torch.allclose(runs[3][2], runs[1][2])  # the later updates moved the weights further
