@@ -61,7 +61,7 @@ import numpy as np
 from benchmarks.common import count, fraction, natural, quiet_console, write_json
 from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
 from prl.tasks import train_problems
-from schemas.config import load_config
+from schemas.config import load_config, parse_override
 
 NO_REPLAY = "scheduler.replay.enabled=false"
 STRATEGIES = {
@@ -104,6 +104,11 @@ SETTINGS = [
 LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority_pooled": 2.5e-5, "priority_group": 5e-5,
       "priority_shuffled": 5e-5, "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5, "full_pooled": 5e-5,
       "priority_likelihood": 5e-5, "full_likelihood": 5e-5}
+# Optimizer steps per batch (GRPO's mu, learner.updates_per_batch) where it is not 1: per strategy,
+# chosen as the rates were, the higher median area under the curve of mu = 1 and 2 on tuning seeds
+# 100-119 at the strategy's rate (benchmarks/RESULTS.md); on the built-in task's small pool only.
+UPDATES = {"uniform": 2, "dapo_filter": 2}
+MU = "learner.updates_per_batch"
 BUILTIN_POOL = "[20, 100, 100, 100]"  # training problems per difficulty of the built-in task: revisited ~5 times
 TASK_POOL = "[80, 600, 600, 600]"  # the built-in task's own default pool (what `prl run` trains on): visited about once
 MODES = {  # name: (seeds, rollout budget, training pool of the built-in task, strategies run when none are named)
@@ -406,12 +411,15 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
     with ``--jobs N``, N runs at once, each in its own process."""
     from tqdm import tqdm
 
-    jobs = [(name, seed, budget, args.eval_every, base, [*([f"learner.lr={lrs[name]}"] if name in lrs else []), *args.set])
+    tuned = UPDATES if not args.task and MODES[args.mode][2] == BUILTIN_POOL else {}
+    extra = {name: [*([f"learner.lr={lrs[name]}"] if name in lrs else []), *([f"{MU}={tuned[name]}"] if name in tuned else []),
+                    *args.set] for name in strategies}
+    jobs = [(name, seed, budget, args.eval_every, base, extra[name])
             for seed in range(args.first_seed, args.first_seed + seeds) for name in strategies]
     results: dict[str, list[dict]] = {}
     with tqdm(total=len(jobs), desc="runs", unit="run") as bar:
         for (name, seed, *_), run in finished_runs(jobs, args.jobs):
-            run = {"seed": seed, "lr": lrs.get(name), **run}
+            run = {"seed": seed, "lr": lrs.get(name), "updates": updates_per_batch(extra[name]), **run}
             run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
             run["final"] = run["smoothed"][-1]
             results.setdefault(name, []).append(run)
@@ -466,7 +474,10 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
     """The table, the goal lines, the replay figures, the curves and the JSON of finished runs."""
     t = table(results, args.targets, budget)
     start = statistics.median(r["start"] for runs in results.values() for r in runs)
-    print_table(t, args.targets, budget, f"\n{where}: {details} (start {start:.3f}; trailing mean of {args.smooth}); {lr_text}")
+    mus = {name: runs[0].get("updates", 1) for name, runs in results.items()}
+    mu_text = f"; optimizer steps per batch {({n: m for n, m in mus.items() if m != 1})}" if set(mus.values()) != {1} else ""
+    print_table(t, args.targets, budget, f"\n{where}: {details} (start {start:.3f}; trailing mean of {args.smooth}); "
+                f"{lr_text}{mu_text}")
     for line in goals(t, args.targets, results):
         print(line)
     print("last evaluation per difficulty, held-out / training pool (medians over seeds):")
@@ -485,36 +496,56 @@ POOLED_SETTINGS = ("mode", "task", "budget", "eval_every", "heldout", "pool", "s
 # each strategy's learning rate)
 
 
-def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], dict, dict[str, float]]:
+def file_strategies(item: str) -> tuple[str, list[str] | None]:
+    """``PATH:STRATEGY,STRATEGY``: (PATH, those strategies); anything else: (the item, None)."""
+    path, _, names = item.rpartition(":")
+    picked = names.split(",")
+    return (path, picked) if path and all(name in STRATEGIES for name in picked) else (item, None)
+
+
+def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None) -> tuple[dict[str, list[dict]], dict, dict[str, float]]:
     """The runs stored by earlier ``--json`` invocations as one set (strategies in the
     benchmark's order, each seed of a strategy once, each run with its file's commit),
     smoothed with ``smooth``; the first file's arguments; and each pooled strategy's learning
-    rate. Raises ValueError, naming the file, for a file that is not this benchmark's, a
-    setting or a strategy's learning rate that differs between files, or a seed stored twice."""
+    rate. ``only``: pool these strategies' runs and skip the others. Raises ValueError, naming
+    the file, for a file that is not this benchmark's, a setting, a strategy's learning rate or
+    steps per batch that differs between files, or a seed stored twice."""
     results: dict[str, list[dict]] = {}
     seen: set[tuple[str, int]] = set()
     first: dict | None = None
     rates: dict[str, float | None] = {}
-    for path in paths:
+    updates: dict[str, int] = {}
+    stored_names: set[str] = set()
+    for item in paths:
+        path, picked = file_strategies(item)
         try:
             with open(path) as f:
                 data = json.load(f)
             stored, runs = data["args"], data["runs"]
             commit = commit_label(data.get("code"))
             first = first or stored
-            for key in POOLED_SETTINGS:
-                if stored.get(key) != first.get(key):
+            for key in POOLED_SETTINGS:  # a run's steps per batch is its own, checked per strategy below
+                if shared_setting(stored, key) != shared_setting(first, key):
                     raise ValueError(f"{key} is {stored.get(key)!r} there and {first.get(key)!r} in {paths[0]}: "
                                      "only runs of the same settings pool")
             file_rates = learning_rates(stored.get("task"), stored.get("lr") or [], stored.get("mode", "default"))
             for name, stored_runs in runs.items():
                 if name not in STRATEGIES:
                     raise ValueError(f"unknown strategy {name!r}")
+                if picked and name not in picked:
+                    continue
+                stored_names.add(name)
+                if only and name not in only:
+                    continue  # not asked for: it need not agree with the other files' runs of it
                 for run in stored_runs:  # runs record their rate (older files: from the file's arguments)
                     rate = run.get("lr", file_rates.get(name))  # None: the config's
                     if rates.setdefault(name, rate) != rate:
                         raise ValueError(f"{name} was trained at lr {rate or 'from the config'} there and at "
                                          f"{rates[name] or 'the config'} in an earlier file: only runs of the same settings pool")
+                    mu = run.get("updates", updates_per_batch(stored.get("set") or []))  # older files: their --set
+                    if updates.setdefault(name, mu) != mu:
+                        raise ValueError(f"{name} was trained at {mu} optimizer steps per batch there and at "
+                                         f"{updates[name]} in an earlier file: only runs of the same settings pool")
                 for i, run in enumerate(stored_runs):
                     seed = run.get("seed", stored["first_seed"] + i)  # runs are stored seed-major from first_seed
                     if (name, seed) in seen:
@@ -522,12 +553,16 @@ def pooled_runs(paths: list[str], smooth: int) -> tuple[dict[str, list[dict]], d
                     seen.add((name, seed))
                     curve = smoothed([a for _, a in run["curve"]], smooth)
                     results.setdefault(name, []).append({**run, "seed": seed, "commit": commit, "smoothed": curve,
-                                                            "final": curve[-1]})
+                                                            "final": curve[-1], "updates": updates[name]})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             reason = (exc if isinstance(exc, ValueError) else f"cannot read it ({exc.strerror or exc})" if isinstance(exc, OSError)
                       else f"not a `prl bench learning --json` file ({type(exc).__name__}: {exc})")
-            raise ValueError(f"--from-json {path}: {reason}") from None
-    order = [name for name in STRATEGIES if name in results]
+            raise ValueError(f"--from-json {item}: {reason}") from None
+    missing = [name for name in only or [] if name not in results]
+    if missing:
+        raise ValueError(f"--strategies {' '.join(missing)}: not in the stored runs "
+                         f"({', '.join(name for name in STRATEGIES if name in stored_names)})")
+    order = [name for name in (only or STRATEGIES) if name in results]  # --strategies: in that order
     return {name: results[name] for name in order}, first or {}, {n: rates[n] for n in order if rates[n] is not None}
 
 
@@ -552,6 +587,19 @@ def commits_line(results: dict[str, list[dict]]) -> str:
 
 TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "eval_every", "heldout", "pool", "lr",
                   "set", "jobs")  # what --from-json cannot apply: the stored runs were trained with their own
+
+
+def shared_setting(stored: dict, key: str):
+    """A stored file's setting ``key`` as every pooled run must share it: its --set items
+    without the optimizer steps per batch, which each run records (and pooling checks) itself."""
+    value = stored.get(key)
+    return [item for item in value if item.partition("=")[0].strip() != MU] if key == "set" and value else value
+
+
+def updates_per_batch(overrides: list[str]) -> int:
+    """The optimizer steps per batch that ``overrides`` give a run (the last ``MU`` item; 1 without)."""
+    items = [parse_override(item)[1] for item in overrides if item.partition("=")[0].strip() == MU]
+    return int(items[-1]) if items else 1
 
 
 def learning_rates(task: str | None, items: list[str], mode: str = "default") -> dict[str, float]:
@@ -612,7 +660,8 @@ def main(argv=None) -> int:
                     "on 2 cores --jobs 2 took the default mode from 22 to 14 min, benchmarks/RESULTS.md)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--from-json", nargs="+", metavar="PATH", help="train nothing: pool the runs of earlier --json "
-                    "files of the same settings (other seeds or strategies) into one table, goal lines and figure")
+                    "files of the same settings (other seeds or strategies) into one table, goal lines and figure; "
+                    "PATH:STRATEGY,... pools only those strategies' runs of that file")
     args = ap.parse_args(argv)
     if args.from_json:
         given = [f"--{k.replace('_', '-')}" for k in TRAINING_FLAGS if getattr(args, k) != ap.get_default(k)]
@@ -620,15 +669,9 @@ def main(argv=None) -> int:
             ap.error(f"--from-json trains nothing, so {' '.join(given)} cannot apply: the stored runs keep the "
                      "settings they were trained with (only --strategies, --smooth, --targets, --png and --json do)")
         try:
-            results, stored, rates = pooled_runs(args.from_json, args.smooth)
+            results, stored, rates = pooled_runs(args.from_json, args.smooth, args.strategies)
         except ValueError as exc:
             ap.error(str(exc))
-        if args.strategies:  # show only these, in this order
-            missing = [name for name in args.strategies if name not in results]
-            if missing:
-                ap.error(f"--strategies {' '.join(missing)}: not in the stored runs ({', '.join(results)})")
-            results = {name: results[name] for name in args.strategies}
-            rates = {name: rate for name, rate in rates.items() if name in results}
         task, pool = stored.get("task"), stored.get("pool")
         mode = stored.get("mode", "default")
         budget = stored.get("budget") or (REAL["budget"] if task else MODES[mode][1])

@@ -306,3 +306,62 @@ def test_the_large_pool_mode_trains_on_the_task_s_own_pool_at_its_own_rates():
     assert learning_rates(None, ["full=1e-4"], "large-pool")["full"] == 1e-4  # --lr still wins
     assert curves_path(None, "large-pool") == "docs/bench-learning-large-pool-curves.png"
     assert curves_path(None, "long") == "docs/bench-learning-curves.png"
+
+
+def test_each_strategy_trains_at_its_tuned_optimizer_steps_per_batch_on_the_small_pool_only(tmp_path, monkeypatch):
+    """UPDATES gives a strategy its own steps per batch on the built-in small pool (--set still
+    wins), not on the large pool, whose rates were tuned at one; each run records what it used."""
+    import benchmarks.learning as learning
+
+    launched = {}
+
+    def fake_runs(jobs, workers):
+        for job in jobs:
+            launched[(job[0], job[1])] = job[5]
+            yield job, {"curve": [[0, 0.3], [256, 0.3]], "start": 0.3}
+
+    monkeypatch.setattr(learning, "finished_runs", fake_runs)
+    monkeypatch.setattr(learning, "write_json", lambda *a, **k: None)
+    args = learning.argparse.Namespace(first_seed=0, eval_every=256, set=[], task=None, mode="default", jobs=1, smooth=1)
+    runs = learning.run_all(args, [], ["uniform", "priority_flat"], 1, 256, {})
+    assert "learner.updates_per_batch=2" in launched[("uniform", 0)] and learning.UPDATES["uniform"] == 2
+    assert not any("updates_per_batch" in item for item in launched[("priority_flat", 0)])
+    assert runs["uniform"][0]["updates"] == 2 and runs["priority_flat"][0]["updates"] == 1
+    args.set = ["learner.updates_per_batch=3"]
+    assert learning.run_all(args, [], ["uniform"], 1, 256, {})["uniform"][0]["updates"] == 3
+    args.mode, args.set = "large-pool", []
+    assert learning.run_all(args, [], ["uniform"], 1, 256, {})["uniform"][0]["updates"] == 1
+
+
+def test_stored_runs_pool_only_at_the_same_optimizer_steps_per_batch(tmp_path, capsys):
+    """A file whose --set gave two steps per batch pools with others of the same settings (the
+    item is the run's own, not a shared setting) and the table says so; one strategy at two
+    different steps per batch across files does not pool."""
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]}, set=["learner.updates_per_batch=2"])
+    b = stored(tmp_path / "b.json", 0, {"priority_flat": [[0.1, 0.3]]})
+    assert main(["--from-json", a, b, "--png", str(tmp_path / "c.png")]) == 0
+    assert "optimizer steps per batch {'uniform': 2}" in capsys.readouterr().out
+    c = stored(tmp_path / "c.json", 1, {"uniform": [[0.1, 0.3]]})
+    with pytest.raises(SystemExit):
+        main(["--from-json", a, c])
+    assert (f"--from-json {c}: uniform was trained at 1 optimizer steps per batch there and at 2 in an earlier file"
+            in capsys.readouterr().err)
+
+
+def test_strategies_not_asked_for_are_not_pooled(tmp_path, capsys):
+    """--strategies, and PATH:STRATEGY,... for one file, pick what is pooled: a superseded run of
+    another strategy (here uniform at another steps per batch, on the same seed) does not stop
+    the others from pooling."""
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]], "priority_flat": [[0.1, 0.3]]})
+    b = stored(tmp_path / "b.json", 0, {"uniform": [[0.1, 0.4]]}, set=["learner.updates_per_batch=2"])
+    with pytest.raises(SystemExit):
+        main(["--from-json", a, b, "--png", str(tmp_path / "c.png")])
+    assert "uniform was trained at 2 optimizer steps per batch there and at 1" in capsys.readouterr().err
+    assert main(["--from-json", a, b, "--strategies", "priority_flat", "--png", str(tmp_path / "c.png")]) == 0
+    assert "seeds per strategy: priority_flat 1;" in capsys.readouterr().out
+    assert main(["--from-json", f"{a}:priority_flat", b, "--png", str(tmp_path / "c.png")]) == 0
+    out = capsys.readouterr().out
+    assert "seeds per strategy: uniform 1, priority_flat 1;" in out and "optimizer steps per batch {'uniform': 2}" in out
+    with pytest.raises(SystemExit):
+        main(["--from-json", f"{a}:priority_flat,greedy", "--png", str(tmp_path / "c.png")])
+    assert "cannot read it" in capsys.readouterr().err  # not a strategy list: read as a path
