@@ -105,9 +105,11 @@ LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority
       "priority_shuffled": 5e-5, "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5, "full_pooled": 5e-5,
       "priority_likelihood": 5e-5, "full_likelihood": 5e-5}
 # Optimizer steps per batch (GRPO's mu, learner.updates_per_batch) where it is not 1: per strategy,
-# chosen as the rates were, the higher median area under the curve of mu = 1 and 2 on tuning seeds
-# 100-119 at the strategy's rate (benchmarks/RESULTS.md); on the built-in task's small pool only.
+# chosen as the rates were, the higher median area under the curve of mu = 1 and 2 at the strategy's
+# rate on tuning seeds (100-119 on the small pool, 100-107 on the large; benchmarks/RESULTS.md). On the
+# large pool only DAPO and full were tried at 2.
 UPDATES = {"uniform": 2, "dapo_filter": 2}
+MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # over nothing: a strategy not named here takes one step
 MU = "learner.updates_per_batch"
 BUILTIN_POOL = "[20, 100, 100, 100]"  # training problems per difficulty of the built-in task: revisited ~5 times
 TASK_POOL = "[80, 600, 600, 600]"  # the built-in task's own default pool (what `prl run` trains on): visited about once
@@ -411,7 +413,7 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
     with ``--jobs N``, N runs at once, each in its own process."""
     from tqdm import tqdm
 
-    tuned = UPDATES if not args.task and MODES[args.mode][2] == BUILTIN_POOL else {}
+    tuned = {} if args.task else MODE_UPDATES.get(args.mode, UPDATES)
     extra = {name: [*([f"learner.lr={lrs[name]}"] if name in lrs else []), *([f"{MU}={tuned[name]}"] if name in tuned else []),
                     *args.set] for name in strategies}
     jobs = [(name, seed, budget, args.eval_every, base, extra[name])

@@ -308,9 +308,9 @@ def test_the_large_pool_mode_trains_on_the_task_s_own_pool_at_its_own_rates():
     assert curves_path(None, "long") == "docs/bench-learning-curves.png"
 
 
-def test_each_strategy_trains_at_its_tuned_optimizer_steps_per_batch_on_the_small_pool_only(tmp_path, monkeypatch):
+def test_each_strategy_trains_at_the_optimizer_steps_per_batch_tuned_for_its_pool(tmp_path, monkeypatch):
     """UPDATES gives a strategy its own steps per batch on the built-in small pool (--set still
-    wins), not on the large pool, whose rates were tuned at one; each run records what it used."""
+    wins), MODE_UPDATES on the large pool (there uniform takes one); each run records what it used."""
     import benchmarks.learning as learning
 
     launched = {}
@@ -330,7 +330,8 @@ def test_each_strategy_trains_at_its_tuned_optimizer_steps_per_batch_on_the_smal
     args.set = ["learner.updates_per_batch=3"]
     assert learning.run_all(args, [], ["uniform"], 1, 256, {})["uniform"][0]["updates"] == 3
     args.mode, args.set = "large-pool", []
-    assert learning.run_all(args, [], ["uniform"], 1, 256, {})["uniform"][0]["updates"] == 1
+    runs = learning.run_all(args, [], ["uniform", "dapo_filter"], 1, 256, {})
+    assert runs["uniform"][0]["updates"] == 1 and runs["dapo_filter"][0]["updates"] == learning.MODE_UPDATES["large-pool"]["dapo_filter"] == 2
 
 
 def test_stored_runs_pool_only_at_the_same_optimizer_steps_per_batch(tmp_path, capsys):
