@@ -23,7 +23,8 @@ Strategies (all through the same scheduler, replay and learner):
   as one rollout per problem: its curve starts that many rollouts in and its budget is that
   much smaller;
 - ``full_likelihood``: the full method with those groups: retest, rollout replay.
-Every strategy but DAPO takes one optimizer step per ``groups_per_batch`` groups generated.
+Every strategy but DAPO trains one batch per ``groups_per_batch`` groups generated, each at its
+own tuned learning rate (``LR``) and optimizer steps per batch (``UPDATES``: the baselines take 2).
 Every run is evaluated every ``--eval-every`` rollouts generated (not steps), so strategies
 are compared at equal generation cost. Reported: rollouts to each target (median over seeds,
 a seed that misses counts as beyond the budget), final accuracy, area under the accuracy-vs-
@@ -507,7 +508,7 @@ def file_strategies(item: str) -> tuple[str, list[str] | None]:
 
 def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None) -> tuple[dict[str, list[dict]], dict, dict[str, float]]:
     """The runs stored by earlier ``--json`` invocations as one set (strategies in the
-    benchmark's order, each seed of a strategy once, each run with its file's commit),
+    benchmark's order, or ``only``'s; each seed of a strategy once, each run with its file's commit),
     smoothed with ``smooth``; the first file's arguments; and each pooled strategy's learning
     rate. ``only``: pool these strategies' runs and skip the others. Raises ValueError, naming
     the file, for a file that is not this benchmark's, a setting, a strategy's learning rate or
