@@ -596,12 +596,17 @@ def shared_setting(stored: dict, key: str):
     """A stored file's setting ``key`` as every pooled run must share it: its --set items
     without the optimizer steps per batch, which each run records (and pooling checks) itself."""
     value = stored.get(key)
-    return [item for item in value if item.partition("=")[0].strip() != MU] if key == "set" and value else value
+    return [item for item in value if not sets_mu(item)] if key == "set" and value else value
+
+
+def sets_mu(item: str) -> bool:
+    """Whether a KEY=VALUE override sets the optimizer steps per batch."""
+    return item.partition("=")[0].strip() == MU
 
 
 def updates_per_batch(overrides: list[str]) -> int:
     """The optimizer steps per batch that ``overrides`` give a run (the last ``MU`` item; 1 without)."""
-    items = [parse_override(item)[1] for item in overrides if item.partition("=")[0].strip() == MU]
+    items = [parse_override(item)[1] for item in overrides if sets_mu(item)]
     return int(items[-1]) if items else 1
 
 
