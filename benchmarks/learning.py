@@ -44,7 +44,7 @@ random from its training split, the same draw for every run), fewer seeds and st
 
 ``--from-json A.json B.json ...`` trains nothing: it pools the runs of earlier invocations of
 the same settings (other seeds, other strategies) into one table, goal lines and figure.
-``--jobs N`` makes N runs at once, each in its own process.
+``--jobs N`` makes N runs at once, each in its own process (default: one per core).
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ STRATEGIES = {
 }
 LIKELIHOOD = {"priority_likelihood", "full_likelihood"}  # groups from the starting policy's answer likelihoods
 LIKELIHOOD_BINS = 8
-# What the default mode runs (the issue's strategies and controls; about 22 min on 2 cores): the
-# pooled-prior ones only when named, with --strategies.
+# What the default mode runs (the issue's strategies and controls; about 13 min on 2 cores, two
+# runs at once): the pooled-prior ones only when named, with --strategies.
 DEFAULT_STRATEGIES = ["uniform", "dapo_filter", "priority_flat", "priority_group", "priority_shuffled", "replay_alone",
                       "naive_replay", "full"]
 # The same for every strategy: 8 groups x 8 completions per step, few checkpoints kept, no
@@ -342,7 +342,7 @@ def print_table(t: dict, targets: list[float], budget: int, header: str) -> None
     print(header)
     heads = "".join(f"{'to ' + str(x):>10}" for x in targets)
     print(f"{'strategy':<19}{heads}{'final min/med/max':>20}{'pool':>7}{'AUC':>7}{'signal':>8}{'zero-sig':>9}{'retest':>8}"
-          f"{'unseen':>8}{'tok tr/stale':>13}{'steps':>7}")
+          f"{'unseen':>8}{'tok tr/stale':>13}{'batches':>8}")  # learner versions; x mu optimizer steps
     for name, r in t.items():
         cells = "".join(f"{'>' + format(budget, ',') if r[f'rollouts_to_{x}'] is None else format(r[f'rollouts_to_{x}'], ',.0f'):>10}"
                         for x in targets)
@@ -350,7 +350,7 @@ def print_table(t: dict, targets: list[float], budget: int, header: str) -> None
         print(f"{name:<19}{cells}{r['final_min']:>8.3f}/{r['final_median']:.3f}/{r['final_max']:.3f}{pool:>7}{r['auc_median']:>7.3f}"
               f"{r['signal_share']:>8.3f}{r['zero_signal_rollouts']:>9,.0f}{r['retest_share']:>8.3f}"
               f"{r['never_dispatched_share']:>8.3f}{r['completion_tokens_trained']:>7.2f}/{r['completion_tokens_stale']:<5.2f}"
-              f"{r['steps']:>7.0f}")
+              f"{r['steps']:>8.0f}")
 
 
 def curves_png(results: dict, out: str, targets: list[float], title: str, smooth: int) -> None:
@@ -445,7 +445,7 @@ def finished_runs(jobs: list[tuple], workers: int):
     import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = max(1, cores() // workers)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker,
                                initargs=(threads,))
     try:
@@ -454,6 +454,13 @@ def finished_runs(jobs: list[tuple], workers: int):
             yield futures[future], json.loads(future.result())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def start_worker(threads: int) -> None:
@@ -638,8 +645,8 @@ def curves_path(task: str | None, mode: str = "default") -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learning", description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 22 min on "
-                    f"2 cores, 14 with --jobs 2); long: 8 seeds, 24k; large-pool: 5 seeds, 12k rollouts, the task's own "
+    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 13 min on "
+                    f"2 cores, 28 with --jobs 1); long: 8 seeds, 24k; large-pool: 5 seeds, 12k rollouts, the task's own "
                     f"pool {TASK_POOL} (visited about once), uniform, DAPO and the full methods (15 seeds took 17 min with --jobs 2)")
     ap.add_argument("--task", help="a reasoning-gym task for the real model (e.g. chain_sum); default: the built-in task")
     ap.add_argument("--seeds", type=count, help="override the mode's seed count")
@@ -664,8 +671,9 @@ def main(argv=None) -> int:
     ap.add_argument("--png", help="where the curves go (default docs/bench-learning-curves.png, in large-pool mode "
                     "docs/bench-learning-large-pool-curves.png, with --task docs/bench-learning-TASK-curves.png, so no "
                     "setting overwrites another's figure)")
-    ap.add_argument("--jobs", type=count, default=1, help="runs at once, each in its own process (default 1; "
-                    "on 2 cores --jobs 2 took the default mode from 22 to 14 min, benchmarks/RESULTS.md)")
+    ap.add_argument("--jobs", type=count, default=cores(), help="runs at once, each in its own process with its "
+                    "share of the cores (default: one per core; on 2 cores the default mode took 13 min with 2, 28 min "
+                    "with --jobs 1, one run after another in this process, benchmarks/RESULTS.md)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--from-json", nargs="+", metavar="PATH", help="train nothing: pool the runs of earlier --json "
                     "files of the same settings (other seeds or strategies) into one table, goal lines and figure; "

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.learning import (area_under_curve, bootstrap_interval, censored_median, crossing, curves_path, difficulty_cells,
-                                 goals, main, median_difference, pool_accuracy, pool_median, pool_rows, rollouts_ratio,
-                                 smoothed)
+from benchmarks.learning import (area_under_curve, bootstrap_interval, censored_median, cores, crossing, curves_path,
+                                 difficulty_cells, goals, main, median_difference, pool_accuracy, pool_median, pool_rows,
+                                 rollouts_ratio, smoothed)
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
@@ -204,7 +204,7 @@ def test_pooled_runs_name_the_commits_that_made_them(tmp_path, capsys):
 def test_a_training_flag_beside_from_json_fails_with_one_line(tmp_path, capsys):
     a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]})
     with pytest.raises(SystemExit) as exit_:
-        main(["--from-json", a, "--seeds", "3", "--set", "learner.lr=1e-4", "--jobs", "2"])
+        main(["--from-json", a, "--seeds", "3", "--set", "learner.lr=1e-4", "--jobs", str(cores() + 1)])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--from-json trains nothing, so --seeds --set --jobs cannot apply" in err
@@ -274,8 +274,8 @@ def test_the_likelihood_strategy_is_charged_its_scoring_pass(tmp_path, monkeypat
 
     monkeypatch.setattr(prl.cli.run, "run_pipeline", recording)
     out = tmp_path / "ll.json"
-    assert main(["--budget", "320", "--eval-every", "128", "--seeds", "1", "--pool", "[4, 8, 8, 8]", "--strategies",
-                 "uniform", "priority_likelihood", "--json", str(out), "--png", str(tmp_path / "ll.png")]) == 0
+    assert main(["--budget", "320", "--eval-every", "128", "--seeds", "1", "--pool", "[4, 8, 8, 8]", "--jobs", "1",
+                 "--strategies", "uniform", "priority_likelihood", "--json", str(out), "--png", str(tmp_path / "ll.png")]) == 0
     runs = json.loads(out.read_text())["runs"]
     (uniform,), (scored,) = runs["uniform"], runs["priority_likelihood"]
     assert scored["charged_rollouts"] == 28 and scored["curve"][0][0] == 28
