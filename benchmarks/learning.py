@@ -106,11 +106,12 @@ LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority
       "priority_shuffled": 5e-5, "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5, "full_pooled": 5e-5,
       "priority_likelihood": 5e-5, "full_likelihood": 5e-5}
 # Optimizer steps per batch (GRPO's mu, learner.updates_per_batch) where it is not 1: per strategy,
-# chosen as the rates were, the higher median area under the curve of mu = 1 and 2 at the strategy's
-# rate on tuning seeds (100-119 on the small pool, 100-107 on the large; benchmarks/RESULTS.md). On the
-# large pool only DAPO and full were tried at 2.
+# chosen as the rates were, the highest median area under the curve at the strategy's rate on tuning
+# seeds (100-119 on the small pool, 100-107 on the large; benchmarks/RESULTS.md). Tried at mu = 1 and
+# 2 on the small pool: the baselines (also 3 and 4), the flat, group and likelihood priorities, full
+# and the replay controls (not the shuffled or pooled ones); on the large pool: uniform, DAPO, full.
 UPDATES = {"uniform": 2, "dapo_filter": 2}
-MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # over nothing: a strategy not named here takes one step
+MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # replaces UPDATES in that mode: a strategy not named takes one step
 MU = "learner.updates_per_batch"
 BUILTIN_POOL = "[20, 100, 100, 100]"  # training problems per difficulty of the built-in task: revisited ~5 times
 TASK_POOL = "[80, 600, 600, 600]"  # the built-in task's own default pool (what `prl run` trains on): visited about once
@@ -421,7 +422,7 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
             for seed in range(args.first_seed, args.first_seed + seeds) for name in strategies]
     results: dict[str, list[dict]] = {}
     with tqdm(total=len(jobs), desc="runs", unit="run") as bar:
-        for (name, seed, *_), run in finished_runs(jobs, args.jobs):
+        for (name, seed, *_), run in finished_runs(jobs, min(args.jobs, len(jobs))):
             run = {"seed": seed, "lr": lrs.get(name), "updates": updates_per_batch(extra[name]), **run}
             run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
             run["final"] = run["smoothed"][-1]
@@ -442,7 +443,6 @@ def finished_runs(jobs: list[tuple], workers: int):
             yield job, one_run(*job)
         return
     import multiprocessing
-    import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     threads = max(1, cores() // workers)
