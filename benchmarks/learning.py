@@ -108,8 +108,9 @@ LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority
 # Optimizer steps per batch (GRPO's mu, learner.updates_per_batch) where it is not 1: per strategy,
 # chosen as the rates were, the highest median area under the curve at the strategy's rate on tuning
 # seeds (100-119 on the small pool, 100-107 on the large; benchmarks/RESULTS.md). Tried at mu = 1 and
-# 2 on the small pool: the baselines (also 3 and 4), the flat, group and likelihood priorities, full
-# and the replay controls (not the shuffled or pooled ones); on the large pool: uniform, DAPO, full.
+# 2 on the small pool: every strategy but the shuffled labels (the baselines also at 3 and 4; at 2, the
+# baselines, the flat, group and likelihood priorities and full also at half their rates); on the
+# large pool: uniform, DAPO, full and full_likelihood.
 UPDATES = {"uniform": 2, "dapo_filter": 2}
 MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # replaces UPDATES in that mode: a strategy not named takes one step
 MU = "learner.updates_per_batch"
