@@ -493,7 +493,7 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
         print(line)
     print("last evaluation per difficulty, held-out / training pool (medians over seeds):")
     for name, runs in results.items():
-        print(f"  {name:<19}{difficulty_cells(runs)}")
+        print(f"  {name:<19} {difficulty_cells(runs)}")  # the space: "priority_likelihood" fills the 19
     print("replay (paper B): " + "; ".join(
         f"{n} share {r['replay_share']:.2f} clip fresh/replay {r['clip_fresh']:.3f}/"
         f"{'-' if r['clip_replay'] is None else format(r['clip_replay'], '.3f')}"

@@ -192,6 +192,12 @@ def test_strategies_trained_at_their_own_rates_in_different_files_pool(tmp_path,
     assert "lr {'uniform': 0.0001, 'priority_flat': 5e-05}" in capsys.readouterr().out
 
 
+def test_the_longest_strategy_name_stays_apart_from_its_difficulty_cells(tmp_path, capsys):
+    a = stored(tmp_path / "a.json", 0, {"priority_likelihood": [[0.1, 0.2]]})
+    assert main(["--from-json", a, "--png", str(tmp_path / "c.png")]) == 0
+    assert "  priority_likelihood -" in capsys.readouterr().out  # stored runs without per-difficulty curves
+
+
 def test_pooled_runs_name_the_commits_that_made_them(tmp_path, capsys):
     a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]}, code={"commit": "a" * 40, "dirty": False})
     b = stored(tmp_path / "b.json", 1, {"uniform": [[0.1, 0.3]]}, code={"commit": "b" * 40, "dirty": True})
