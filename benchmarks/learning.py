@@ -24,7 +24,8 @@ Strategies (all through the same scheduler, replay and learner):
   much smaller;
 - ``full_likelihood``: the full method with those groups: retest, rollout replay.
 Every strategy but DAPO trains one batch per ``groups_per_batch`` groups generated, each at its
-own tuned learning rate (``LR``) and optimizer steps per batch (``UPDATES``: the baselines take 2).
+own tuned learning rate (``LR``) and optimizer steps per batch (``UPDATES``: the baselines, the group
+prior and its shuffled control take 2).
 Every run is evaluated every ``--eval-every`` rollouts generated (not steps), so strategies
 are compared at equal generation cost. Reported: rollouts to each target (median over seeds,
 a seed that misses counts as beyond the budget), final accuracy, area under the accuracy-vs-
@@ -98,20 +99,22 @@ SETTINGS = [
 # 2.5e-5 for four; benchmarks/RESULTS.md); the pooled-prior strategies, added later, the better
 # of 2.5e-5 and 5e-5 by median area over seeds 100-104 (not seeds any reported run uses), the
 # likelihood-group ones the same way over seeds 100-109 (again once their bins started at their
-# expected success).
+# expected success); a strategy that takes more than one step per batch, its rate chosen with its
+# steps (UPDATES).
 # Strategies that drop zero-variance groups average the loss over fewer, all-informative
 # tokens, so one rate is a larger step for them than for uniform GRPO: a shared rate would
 # favour whichever strategy it happens to suit.
-LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority_pooled": 2.5e-5, "priority_group": 5e-5,
-      "priority_shuffled": 5e-5, "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5, "full_pooled": 5e-5,
+LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority_pooled": 2.5e-5, "priority_group": 1.25e-5,
+      "priority_shuffled": 1.25e-5, "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5, "full_pooled": 5e-5,
       "priority_likelihood": 5e-5, "full_likelihood": 5e-5}
 # Optimizer steps per batch (GRPO's mu, learner.updates_per_batch) where it is not 1: per strategy,
-# chosen as the rates were, the highest median area under the curve at the strategy's rate on tuning
-# seeds (100-119 on the small pool, 100-107 on the large; benchmarks/RESULTS.md). Tried at mu = 1 and
-# 2 on the small pool: every strategy but the shuffled labels (the baselines also at 3 and 4; at 2, the
-# baselines, the flat, group and likelihood priorities and full also at half their rates); on the
-# large pool: uniform, DAPO, full and full_likelihood.
-UPDATES = {"uniform": 2, "dapo_filter": 2}
+# with its rate, the pair of the highest median area under the curve of those tried on tuning seeds
+# (100-119 on the small pool for uniform, 100-109 for the others, 100-107 on the large;
+# benchmarks/RESULTS.md). Tried at mu = 1 and 2 on the small pool: every strategy (the baselines
+# also at 3 and 4; at 2, the baselines at half and twice their rates, the flat, group and
+# likelihood priorities at a quarter and half of theirs, full at half and twice, the shuffled
+# labels at the group prior's pair); on the large pool: uniform, DAPO, full and full_likelihood.
+UPDATES = {"uniform": 2, "dapo_filter": 2, "priority_group": 2, "priority_shuffled": 2}
 MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # replaces UPDATES in that mode: a strategy not named takes one step
 MU = "learner.updates_per_batch"
 BUILTIN_POOL = "[20, 100, 100, 100]"  # training problems per difficulty of the built-in task: revisited ~5 times
