@@ -84,7 +84,8 @@ STRATEGIES = {
 }
 LIKELIHOOD = {"priority_likelihood", "full_likelihood"}  # groups from the starting policy's answer likelihoods
 LIKELIHOOD_BINS = 8
-# What the default mode runs (the strategies and controls; about 13 min on 2 cores, two
+NAME = max(map(len, STRATEGIES)) + 1  # the strategy column of the printed tables: the longest name and a space
+# What the default mode runs (the strategies and controls; about 14 min on 2 cores, two
 # runs at once): the pooled-prior ones only when named, with --strategies.
 DEFAULT_STRATEGIES = ["uniform", "dapo_filter", "priority_flat", "priority_group", "priority_shuffled", "replay_alone",
                       "naive_replay", "full"]
@@ -346,13 +347,13 @@ def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None =
 def print_table(t: dict, targets: list[float], budget: int, header: str) -> None:
     print(header)
     heads = "".join(f"{'to ' + str(x):>10}" for x in targets)
-    print(f"{'strategy':<19}{heads}{'final min/med/max':>20}{'pool':>7}{'AUC':>7}{'signal':>8}{'zero-sig':>9}{'retest':>8}"
+    print(f"{'strategy':<{NAME}}{heads}{'final min/med/max':>20}{'pool':>7}{'AUC':>7}{'signal':>8}{'zero-sig':>9}{'retest':>8}"
           f"{'unseen':>8}{'tok tr/stale':>13}{'batches':>8}")  # learner versions; x mu optimizer steps
     for name, r in t.items():
         cells = "".join(f"{'>' + format(budget, ',') if r[f'rollouts_to_{x}'] is None else format(r[f'rollouts_to_{x}'], ',.0f'):>10}"
                         for x in targets)
         pool = "-" if r.get("pool_median") is None else format(r["pool_median"], ".3f")
-        print(f"{name:<19}{cells}{r['final_min']:>8.3f}/{r['final_median']:.3f}/{r['final_max']:.3f}{pool:>7}{r['auc_median']:>7.3f}"
+        print(f"{name:<{NAME}}{cells}{r['final_min']:>8.3f}/{r['final_median']:.3f}/{r['final_max']:.3f}{pool:>7}{r['auc_median']:>7.3f}"
               f"{r['signal_share']:>8.3f}{r['zero_signal_rollouts']:>9,.0f}{r['retest_share']:>8.3f}"
               f"{r['never_dispatched_share']:>8.3f}{r['completion_tokens_trained']:>7.2f}/{r['completion_tokens_stale']:<5.2f}"
               f"{r['steps']:>8.0f}")
@@ -496,7 +497,7 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
         print(line)
     print("last evaluation per difficulty, held-out / training pool (medians over seeds):")
     for name, runs in results.items():
-        print(f"  {name:<19} {difficulty_cells(runs)}")  # the space: "priority_likelihood" fills the 19
+        print(f"  {name:<{NAME}}{difficulty_cells(runs)}")
     print("replay (paper B): " + "; ".join(
         f"{n} share {r['replay_share']:.2f} clip fresh/replay {r['clip_fresh']:.3f}/"
         f"{'-' if r['clip_replay'] is None else format(r['clip_replay'], '.3f')}"
