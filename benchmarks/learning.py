@@ -22,7 +22,12 @@ Strategies (all through the same scheduler, replay and learner):
   at its mean probability, the model's expected success (``score_start``). The scoring pass is charged
   as one rollout per problem: its curve starts that many rollouts in and its budget is that
   much smaller;
-- ``full_likelihood``: the full method with those groups: retest, rollout replay.
+- ``full_likelihood``: the full method with those groups: retest, rollout replay;
+- ``priority_flat_screen``: the flat prior with screening (``scheduler.screen_size`` 2, SPEED-RL's
+  screen-then-complete): a look at a problem costs 2 completions, and only a screen with a
+  signal is completed to a group of 8; still no label;
+- ``dapo_screen``: DAPO with the same screening and uniform choice (SPEED-RL itself): the
+  baseline that shows what screening alone does.
 Every strategy but DAPO trains one batch per ``groups_per_batch`` groups generated, each at its
 own tuned learning rate (``LR``) and optimizer steps per batch (``UPDATES``: the baselines, the group
 prior and its shuffled control take 2).
@@ -66,6 +71,7 @@ from prl.tasks import train_problems
 from schemas.config import load_config, parse_override
 
 NO_REPLAY = "scheduler.replay.enabled=false"
+SCREEN = "scheduler.screen_size=2"
 STRATEGIES = {
     "uniform": ["scheduler.strategy='uniform'", NO_REPLAY],
     "dapo_filter": ["scheduler.strategy='dapo_filter'", NO_REPLAY],
@@ -81,6 +87,8 @@ STRATEGIES = {
     "full_pooled": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='pooled'", "scheduler.replay.enabled=true"],
     "priority_likelihood": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", NO_REPLAY],
     "full_likelihood": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='group'", "scheduler.replay.enabled=true"],
+    "priority_flat_screen": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='flat'", NO_REPLAY, SCREEN],
+    "dapo_screen": ["scheduler.strategy='dapo_filter'", NO_REPLAY, SCREEN],
 }
 LIKELIHOOD = {"priority_likelihood", "full_likelihood"}  # groups from the starting policy's answer likelihoods
 LIKELIHOOD_BINS = 8
@@ -107,7 +115,7 @@ SETTINGS = [
 # favour whichever strategy it happens to suit.
 LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority_pooled": 2.5e-5, "priority_group": 1.25e-5,
       "priority_shuffled": 1.25e-5, "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5, "full_pooled": 5e-5,
-      "priority_likelihood": 5e-5, "full_likelihood": 5e-5}
+      "priority_likelihood": 5e-5, "full_likelihood": 5e-5, "priority_flat_screen": 5e-5, "dapo_screen": 5e-5}
 # Optimizer steps per batch (GRPO's mu, learner.updates_per_batch) where it is not 1: per strategy,
 # with its rate, the pair of the highest median area under the curve of those tried on tuning seeds
 # (100-119 on the small pool for uniform, 100-109 for the others, 100-107 on the large;
@@ -156,7 +164,7 @@ def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str],
         summary = run_pipeline(cfg, progress=False, max_rollouts=budget - scored)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
         pool = pool_accuracy(cfg)
-    return {**summarize_run(rows, summary, cfg.sampling.group_size, scored), "pool_end": pool}
+    return {**summarize_run(rows, summary, cfg.sampling.group_size, scored, cfg.scheduler.screen_size), "pool_end": pool}
 
 
 def pool_accuracy(cfg) -> dict[str, float]:
@@ -186,19 +194,22 @@ def likelihood_groups(cfg, out: str) -> int:
     return len(problems)
 
 
-def summarize_run(rows: list[dict], summary: dict, group_size: int, charged: int = 0) -> dict:
+def summarize_run(rows: list[dict], summary: dict, group_size: int, charged: int = 0, screen_size: int = 0) -> dict:
     """One run's figures; ``charged`` rollouts of work before the run (a scoring pass) move its
-    curve that far along the rollouts axis."""
+    curve that far along the rollouts axis. With screening, a screen without a signal is a
+    look at a problem like a whole group: it counts in the signal share and its completions
+    in the zero-signal rollouts."""
     evals = [r for r in rows if "learner/eval/accuracy" in r]
     sched = [r for r in rows if r["service"] == "scheduler"][-1]
     steps = [r for r in rows if "learner/loss" in r]
     returned, share = sched["scheduler/groups_returned"], sched["scheduler/signal_share"]
+    screened_out = sched.get("scheduler/screens_without_signal", 0)
     replay_steps = [r for r in steps if r.get("learner/replay/clip_fraction") is not None]
     return {
         "curve": [(r["rollouts_generated"] + charged, r["learner/eval/accuracy"]) for r in evals],
         "by_difficulty": {k.rsplit("_", 1)[-1]: [r[k] for r in evals] for k in evals[-1] if k.startswith("learner/eval/accuracy_")},
-        "start": evals[0]["learner/eval/accuracy"], "signal_share": share,
-        "zero_signal_rollouts": round(returned * (1 - share) * group_size),
+        "start": evals[0]["learner/eval/accuracy"], "signal_share": returned * share / max(1, returned + screened_out),
+        "zero_signal_rollouts": round(returned * (1 - share) * group_size) + screened_out * screen_size,
         "retest_share": sched.get("scheduler/retest_share", 0.0),
         "never_dispatched_share": sched.get("scheduler/never_dispatched_share", float("nan")),
         "problems_seen": sched.get("scheduler/problems_seen"),

@@ -29,7 +29,8 @@ with numpy views for vectorised work), not in one Python object per problem.
   problems while any remain, round-robin over groups: every problem is dispatched within
   pool size / (unseen_share x dispatches per round) rounds, whatever its group's rate.
 - **Retest.** A problem whose last ``retest_after`` groups were all solved (all failed) goes
-  to the solved (unsolved) pool, out of the heap. Every ``retest_interval`` learner versions
+  to the solved (unsolved) pool, out of the heap; the streak is counted in completions, so
+  with screening (``scheduler.screen_size``) screens of s completions count s / G of a group. Every ``retest_interval`` learner versions
   ``retest_share`` of each pool, longest-untested first, is queued; retests take at most
   ``retest_cap`` of all dispatches (the rest wait in the queue), and when nothing else is
   choosable the queue and pools are served regardless. A changed result returns the
@@ -61,15 +62,17 @@ def _typed(code: str, n: int, value=0) -> tuple[array, np.ndarray]:
 class PrioritySampler:
     ARRAYS = ("group", "successes", "attempts", "updated_at", "last_tested", "streak", "state", "stamp")
     CODES = {"group": "i", "successes": "f", "attempts": "f", "updated_at": "i", "last_tested": "i",
-             "streak": "b", "state": "B", "stamp": "I"}
+             "streak": "i", "state": "B", "stamp": "I"}
 
-    def __init__(self, groups, cfg, seed: int = 0, group_start=None):
+    def __init__(self, groups, cfg, seed: int = 0, group_start=None, group_size: int = 8):
         """``groups[i]``: the prior group (e.g. difficulty) of problem i, small ints >= 0;
-        ``group_start[g]``: group g's rate before any first visit (default 1/2)."""
+        ``group_start[g]``: group g's rate before any first visit (default 1/2);
+        ``group_size``: completions of a whole group (G), the retest streak's unit."""
         groups = np.asarray(groups, dtype=np.int32)
         if cfg.prior == "pooled":
             groups = np.zeros_like(groups)  # one group: the pool's rate, no label
         self.cfg = cfg
+        self.group_size = group_size
         self.shared_prior = cfg.prior != "flat"  # the prior is a group's rate
         self.n = n = len(groups)
         self.rng = np.random.default_rng(seed)
@@ -236,14 +239,15 @@ class PrioritySampler:
                 self._arm_groups(np.unique(groups).tolist())
 
     def _route(self, idx, solved, attempts) -> None:
-        """All solved (all failed) ``retest_after`` times in a row: to the solved (unsolved)
-        pool; otherwise back to the heap with a fresh clock."""
-        streak = self._streak_np[idx].astype(np.int16)
+        """All solved (all failed) ``retest_after`` groups' worth of completions in a row: to
+        the solved (unsolved) pool; otherwise back to the heap with a fresh clock."""
+        streak = self._streak_np[idx].astype(np.int64)
+        n = attempts.astype(np.int64)
         all_solved, all_failed = solved == attempts, solved == 0
-        streak = np.where(all_solved, np.where(streak > 0, streak + 1, 1),
-                          np.where(all_failed, np.where(streak < 0, streak - 1, -1), 0))
-        self._streak_np[idx] = np.clip(streak, -100, 100)
-        k = self.cfg.retest_after if self.cfg.retest else 1 << 30
+        streak = np.where(all_solved, np.where(streak > 0, streak + n, n),
+                          np.where(all_failed, np.where(streak < 0, streak - n, -n), 0))
+        self._streak_np[idx] = np.clip(streak, -(1 << 30), 1 << 30)
+        k = self.cfg.retest_after * self.group_size if self.cfg.retest else 1 << 30
         for pool, members in ((SOLVED, idx[streak >= k]), (UNSOLVED, idx[streak <= -k])):
             self._state_np[members] = pool
             self.pools[pool].extend(members.tolist())  # after its test: longest-untested first

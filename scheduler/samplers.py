@@ -73,13 +73,14 @@ class UniformSampler:
             return np.where(self.attempts > 0, self.successes / np.maximum(self.attempts, 1), np.nan)
 
 
-def make_sampler(cfg, groups, seed: int, group_start=None):
+def make_sampler(cfg, groups, seed: int, group_start=None, group_size: int = 8):
     """The sampler of a scheduler config; ``groups[i]`` is problem i's prior group,
-    ``group_start[g]`` group g's starting rate (default 1/2)."""
+    ``group_start[g]`` group g's starting rate (default 1/2), ``group_size`` the completions
+    of a whole group (sampling.group_size)."""
     if cfg.strategy in ("uniform", "dapo_filter"):
         return UniformSampler(len(groups), seed)
     if cfg.strategy == "success_variance":
         from scheduler.priority import PrioritySampler
 
-        return PrioritySampler(np.asarray(groups), cfg.priority, seed, group_start)
+        return PrioritySampler(np.asarray(groups), cfg.priority, seed, group_start, group_size)
     raise ValueError(f"unknown scheduler.strategy {cfg.strategy!r}")

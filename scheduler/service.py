@@ -5,7 +5,9 @@ Loop, top to bottom:
      learner can have made it; finish when the learner has taken its last step;
   2. accept returned RolloutGroups: dead-letter those for unknown problems or from a version
      the learner has not made, ignore unknown or already-answered dispatch ids, update the
-     sampler, keep them as fresh (with dynamic sampling, only those with a signal);
+     sampler, keep them as fresh (with dynamic sampling, only those with a signal); with
+     screening, a screen with a signal asks for the rest of its group instead, and the rest,
+     when it returns, joins its screen as one group;
   3. re-dispatch what timed out;
   4. publish a batch when enough fresh groups wait and the learner is not too far behind
      (the zero-variance filter and tau_max apply as the batch is composed; with claim_check
@@ -73,6 +75,7 @@ class InFlight:
     issued_at: float
     attempt: int
     group_size: int  # completions asked for: a group of another size is not this dispatch's answer
+    part: str = "group"  # "group": a whole group; with screening, "screen" or "rest" (of a screen with a signal)
 
 
 class Scheduler(Service):
@@ -85,7 +88,7 @@ class Scheduler(Service):
         self.problems = train_problems(cfg.task)
         self.index = {p.id: i for i, p in enumerate(self.problems)}
         self.group_names, labels, start = problem_groups(cfg, self.problems)
-        self.sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start)
+        self.sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start, cfg.sampling.group_size)
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
@@ -93,6 +96,7 @@ class Scheduler(Service):
         self.coords: dict[str, tuple[str, int, int]] = {}  # dispatch id -> its group's message (claim-check)
         self.retired_reasons: dict[str, str] = {}  # error kind -> its latest message
         self.fresh: list[RolloutGroup] = []
+        self.screens: dict[str, RolloutGroup] = {}  # a rest's dispatch id -> its screen, until the rest returns
         r = cfg.scheduler.replay
         self.replay = ReplayBuffer(r.capacity, r.alpha, r.eps, cfg.run.seed) if r.enabled else None
         self.learner_version = 0
@@ -166,9 +170,10 @@ class Scheduler(Service):
                 continue
             if self.cfg.scheduler.claim_check:  # where the group is, for batches that reference it
                 self.coords[group.dispatch_id] = (msg.topic, msg.partition, msg.offset)
-            problem = self.accept(group)
-            if problem is not None:
-                outcomes.append((problem, sum(r > 0 for r in group.rewards), len(group.rewards)))
+            accepted = self.accept(group)
+            if accepted is not None:
+                problem, rewards = accepted
+                outcomes.append((problem, sum(r > 0 for r in rewards), len(rewards)))
         if outcomes:
             with self.timed("statistics"):
                 self.sampler.observe_many(*zip(*outcomes), self.learner_version)
@@ -195,8 +200,10 @@ class Scheduler(Service):
             return False
         return True
 
-    def accept(self, group: RolloutGroup) -> int | None:
-        """Take a result in; return its problem index, or None for a duplicate or unknown one."""
+    def accept(self, group: RolloutGroup) -> tuple[int, list[float]] | None:
+        """Take a result in; return its problem index and the rewards the sampler observes, or
+        None for a duplicate or unknown one, or a screen whose rest is asked for (observed
+        with it)."""
         flight = self.in_flight.pop(group.dispatch_id, None)
         if flight is None:
             self.count("duplicate_or_unknown_results")
@@ -205,12 +212,21 @@ class Scheduler(Service):
             self.archive.add(group, self.learner_version)
         if group.error:
             self.count("problems_retired")
+            self.screens.pop(group.dispatch_id, None)
             self.retired_reasons[group.error.split(":", 1)[0]] = group.error
             self.sampler.retire(flight.problem)
             self.log.warning("problem_retired", problem_id=group.problem_id, error=group.error)
             return None
         self.rollouts_generated += len(group.rollouts)
         self.generate_seconds += group.generate_seconds
+        if flight.part == "screen":
+            if has_signal(group.rewards):  # worth a whole group: the problem stays in flight for the rest
+                self.ask_rest(flight.problem, group)
+                return None
+            self.count("screens_without_signal")
+            return flight.problem, group.rewards
+        if flight.part == "rest":
+            group = self.join(group)
         self.groups_returned += 1
         signal = has_signal(group.rewards)
         self.groups_with_signal += signal
@@ -218,7 +234,29 @@ class Scheduler(Service):
             self.count("zero_signal_dropped")
         else:
             self.fresh.append(group)
-        return flight.problem
+        return flight.problem, group.rewards
+
+    def ask_rest(self, problem: int, screen: RolloutGroup) -> None:
+        """Screening: dispatch the rest of a screen's group; the screen waits for it."""
+        rest = self.dispatch(problem, 0, self.cfg.sampling.group_size - len(screen.rollouts), "rest")
+        self.screens[rest] = screen
+        self.count("screens_with_signal")
+
+    def join(self, rest: RolloutGroup) -> RolloutGroup:
+        """The screen and its rest as one group (advantages are taken over the whole group; its
+        age is the older part's). A rest that does not match its screen's problem, prompt and
+        temperature is trained alone."""
+        screen = self.screens.pop(rest.dispatch_id, None)
+        if screen is None or (screen.problem_id, screen.temperature) != (rest.problem_id, rest.temperature) \
+                or not np.array_equal(screen.prompt_ids, rest.prompt_ids):
+            self.count("rests_not_joined")
+            return rest
+        return RolloutGroup(
+            rest.dispatch_id, rest.problem_id, min(screen.policy_version, rest.policy_version), rest.producer_id,
+            rest.prompt_ids, rest.temperature, screen.rollouts + rest.rollouts,
+            screen.generate_seconds + rest.generate_seconds, screen.reward_seconds + rest.reward_seconds,
+            min(screen.created_at, rest.created_at),
+        )
 
     def redispatch_timed_out(self) -> None:
         now = time.time()
@@ -226,7 +264,9 @@ class Scheduler(Service):
             if now - flight.issued_at > self.cfg.scheduler.dispatch_timeout_s:
                 del self.in_flight[did]
                 self.count("redispatched")
-                self.dispatch(flight.problem, flight.attempt + 1, flight.group_size)
+                again = self.dispatch(flight.problem, flight.attempt + 1, flight.group_size, flight.part)
+                if did in self.screens:  # a rest: its screen waits for the new dispatch
+                    self.screens[again] = self.screens.pop(did)
 
     def publish_batches(self) -> None:
         cfg = self.cfg.scheduler
@@ -325,8 +365,10 @@ class Scheduler(Service):
             busy = {f.problem for f in self.in_flight.values()}
             with self.timed("statistics"):
                 chosen = self.sampler.next(room, busy)
+            screen = self.cfg.scheduler.screen_size
+            size, part = (screen, "screen") if screen else (self.cfg.sampling.group_size, "group")
             for idx in chosen:
-                self.dispatch(idx, 0, self.cfg.sampling.group_size)
+                self.dispatch(idx, 0, size, part)
             if not chosen and not self.in_flight:
                 raise NoProblemsLeft(self.why_no_problems())
         if self.unacked:  # this turn's dispatches and re-dispatches
@@ -340,17 +382,19 @@ class Scheduler(Service):
         return (f"no problem can be dispatched: producers could not serve {retired} of {len(self.problems)} training "
                 f"problems and they were retired ({reasons[:400]})")
 
-    def dispatch(self, idx: int, attempt: int, group_size: int) -> None:
-        """Send problem ``idx`` out for ``group_size`` completions (acknowledged at the next flush)."""
+    def dispatch(self, idx: int, attempt: int, group_size: int, part: str = "group") -> str:
+        """Send problem ``idx`` out for ``group_size`` completions (acknowledged at the next
+        flush); return the dispatch id."""
         p = self.problems[idx]
         d = Dispatch(
             uuid.uuid4().hex, p.id, p.prompt, p.answer, group_size, self.sampling,
             self.learner_version, attempt, time.time(), p.chat,
         )
-        self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt, group_size)
+        self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt, group_size, part)
         self.send(PROBLEMS, d, key=p.id.encode())
         self.unacked.append(d.issued_at)
         self.count("dispatched")
+        return d.dispatch_id
 
     # -- state ----------------------------------------------------------------------
     SCALARS = ("learner_version", "learner_last_seq", "next_seq", "rollouts_generated", "generate_seconds",
@@ -360,7 +404,8 @@ class Scheduler(Service):
         replay_state = self.replay.state_dict()[0] if self.replay else None
         return {
             **{name: getattr(self, name) for name in self.SCALARS},
-            "in_flight": {did: [f.problem, f.issued_at, f.attempt, f.group_size] for did, f in self.in_flight.items()},
+            "in_flight": {did: [f.problem, f.issued_at, f.attempt, f.group_size, f.part] for did, f in self.in_flight.items()},
+            "screens": {rest: screen.dispatch_id for rest, screen in self.screens.items()},  # the groups go with fresh
             "coords": {did: list(c) for did, c in self.coords.items()},
             "sampler": self.sampler.state_dict(),
             "replay": replay_state,
@@ -370,10 +415,13 @@ class Scheduler(Service):
         for name in self.SCALARS:
             setattr(self, name, state.get(name, getattr(self, name)))  # snapshots from before a field existed
         full = self.cfg.sampling.group_size  # snapshots from before dispatches recorded their size
-        self.in_flight = {did: InFlight(*v) if len(v) == 4 else InFlight(*v, full) for did, v in state["in_flight"].items()}
+        self.in_flight = {did: InFlight(*v) if len(v) >= 4 else InFlight(*v, full) for did, v in state["in_flight"].items()}
         self.coords = {did: tuple(c) for did, c in state.get("coords", {}).items()}
         self.sampler.load_state_dict(state["sampler"])
-        self.fresh = fresh
+        waiting = state.get("screens", {})  # screens are written among the fresh groups
+        groups = {g.dispatch_id: g for g in fresh}
+        self.screens = {rest: groups[screen] for rest, screen in waiting.items() if screen in groups}
+        self.fresh = [g for g in fresh if g.dispatch_id not in set(waiting.values())]
         if self.replay is not None and state.get("replay"):
             self.replay.load_state_dict(state["replay"], replay)
 
@@ -381,7 +429,8 @@ class Scheduler(Service):
         """Write the state (and the batch about to be published), then commit the rollout
         offsets it covers."""
         replay = self.replay.state_dict()[1] if self.replay else []
-        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending)
+        groups = self.fresh + list(self.screens.values())
+        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), groups, replay, pending)
         if self.archive is not None:  # what the committed offsets cover is archived, too
             self.archive.flush()
         self.rollouts.commit()

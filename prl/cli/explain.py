@@ -45,7 +45,7 @@ def restore_sampler(cfg, problems, state: dict):
     from scheduler.service import problem_groups
 
     names, labels, start = problem_groups(cfg, problems)
-    sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start)
+    sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start, cfg.sampling.group_size)
     sampler.load_state_dict(state["sampler"])
     return sampler, [names[g] for g in labels]
 

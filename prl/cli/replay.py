@@ -143,7 +143,9 @@ def simulate(strategy: str, outcomes: dict[str, list[list[float]]], rounds: int,
 
     problems = sorted(outcomes)
     index_of_group = {d: i for i, d in enumerate(sorted({difficulty(p) for p in problems}))}
-    sampler = make_sampler(SchedulerConfig(strategy=strategy), [index_of_group[difficulty(p)] for p in problems], seed)
+    whole = max(len(r) for runs in outcomes.values() for r in runs)  # a whole group's completions (screens are fewer)
+    sampler = make_sampler(SchedulerConfig(strategy=strategy), [index_of_group[difficulty(p)] for p in problems], seed,
+                           group_size=whole)
     cursor, chosen = Counter(), Counter()
     spent = zero_signal = trained = 0
     for version in range(rounds):

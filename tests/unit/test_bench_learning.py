@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.learning import (area_under_curve, bootstrap_interval, censored_median, cores, crossing, curves_path,
                                  difficulty_cells, goals, main, median_difference, pool_accuracy, pool_median, pool_rows,
-                                 rollouts_ratio, smoothed)
+                                 rollouts_ratio, smoothed, STRATEGIES)
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
@@ -193,9 +193,10 @@ def test_strategies_trained_at_their_own_rates_in_different_files_pool(tmp_path,
 
 
 def test_the_longest_strategy_name_stays_apart_from_its_difficulty_cells(tmp_path, capsys):
-    a = stored(tmp_path / "a.json", 0, {"priority_likelihood": [[0.1, 0.2]]})
+    longest = max(STRATEGIES, key=len)
+    a = stored(tmp_path / "a.json", 0, {longest: [[0.1, 0.2]]})
     assert main(["--from-json", a, "--png", str(tmp_path / "c.png")]) == 0
-    assert "  priority_likelihood -" in capsys.readouterr().out  # stored runs without per-difficulty curves
+    assert f"  {longest} -" in capsys.readouterr().out  # stored runs without per-difficulty curves
 
 
 def test_pooled_runs_name_the_commits_that_made_them(tmp_path, capsys):

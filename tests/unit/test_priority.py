@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.priority import HEAP, SOLVED, PrioritySampler
+from scheduler.priority import HEAP, SOLVED, UNSOLVED, PrioritySampler
 from scheduler.samplers import UniformSampler
 from schemas.config import ConfigError, PriorityConfig
 
@@ -85,6 +85,19 @@ def test_solved_problem_whose_retest_fails_returns_to_heap():
     s.observe(retest[0], [1.0, 0.0] * 4, 1)  # the retest fails sometimes: back to the heap
     assert s.state[retest[0]] == HEAP
     assert s.metrics()["retest_share"] > 0
+
+
+def test_the_retest_streak_counts_completions_so_screens_weigh_their_share_of_a_group():
+    """With screening, an all-failed screen of 2 is a quarter of a group of 8's evidence: a
+    problem goes to the unsolved pool after four such screens (retest_after = 1), not one."""
+    s = PrioritySampler(np.zeros(2, dtype=int), PriorityConfig(prior="flat", retest_after=1), seed=0, group_size=8)
+    states = []
+    for look in range(4):
+        s.observe(0, [0.0, 0.0], look)
+        states.append(s.state[0])
+    assert states == [HEAP, HEAP, HEAP, UNSOLVED]
+    s.observe(1, [0.0] * 8, 4)  # one whole group decides, as before
+    assert s.state[1] == UNSOLVED
 
 
 @settings(max_examples=25, deadline=None)
