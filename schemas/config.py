@@ -98,7 +98,7 @@ class PriorityConfig(Section):
     groups_path: str | None = Field(None, description="A file of (id, group) rows whose groups replace the task's labels for the group prior, e.g. the answer-likelihood bins `prl data likelihood` writes: groups without a difficulty label. Needs prior = 'group'.")
     score_start: bool = Field(True, description="With a groups_path file that has scores (`prl data likelihood`): each group's rate starts at its problems' mean exp(answer_logprob), the starting model's own chance of sampling the reference answer, instead of 1/2, and learns from first visits as before. Right when a completion is the bare answer (the built-in task); when the model writes working first the score underestimates every group (set false).")
     retest: bool = Field(True, description="Move always-solved / always-failed problems to retest pools.")
-    retest_after: int = Field(1, ge=1, le=100, description="Consecutive all-solved (all-failed) groups that move a problem to a pool.")
+    retest_after: int = Field(1, ge=1, le=100, description="Consecutive all-solved (all-failed) groups that move a problem to a pool, counted in completions (retest_after x sampling.group_size), so a screen (scheduler.screen_size) counts as its share of a group.")
     retest_interval: int = Field(10, ge=1, description="Learner versions between retest rounds.")
     retest_share: float = Field(0.1, gt=0, le=1, description="Share of each pool queued for retest per retest round (longest-untested first).")
     retest_cap: float = Field(0.2, ge=0, le=1, description="Retests take at most this share of all dispatches (more only when nothing else is choosable).")

@@ -80,7 +80,7 @@ def why(s, i: int, cfg) -> list[str]:
                    f"and {cfg.priority.unseen_share:.0%} of dispatches go to never-tried problems"
                    + (" round-robin over groups" if s.num_groups > 1 else ", in a fixed random order"))
     elif st in (2, 3):
-        out.append(f"  its last {abs(int(s.streak[i]))} group(s) were all {'solved' if st == 2 else 'failed'}: out of the draw; "
+        out.append(f"  its last {abs(int(s.streak[i]))} completions were all {'solved' if st == 2 else 'failed'}: out of the draw; "
                    f"every {cfg.priority.retest_interval} versions {cfg.priority.retest_share:.0%} of the pool is queued for "
                    f"retest, longest-untested first (retests take at most {cfg.priority.retest_cap:.0%} of dispatches)")
     elif st == 5:

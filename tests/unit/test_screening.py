@@ -36,10 +36,10 @@ class Desk:
     def read(self) -> list[Dispatch]:
         return [decode(m.value, Dispatch) for m in self.dispatches.poll(0.0)]
 
-    def answer(self, d: Dispatch, rewards: list[float], version: int = 0) -> RolloutGroup:
+    def answer(self, d: Dispatch, rewards: list[float], version: int = 0, prompt=(1, 2, 3)) -> RolloutGroup:
         rollouts = [Rollout(np.asarray([5, 6], dtype=np.int32), np.asarray([-0.1, -0.2], dtype=np.float32), r, "stop")
                     for r in rewards]
-        group = RolloutGroup(d.dispatch_id, d.problem_id, version, "desk", np.asarray([1, 2, 3], dtype=np.int32), 1.0,
+        group = RolloutGroup(d.dispatch_id, d.problem_id, version, "desk", np.asarray(prompt, dtype=np.int32), 1.0,
                              rollouts)
         self.publisher.publish(topic_name(self.cfg.run.name, ROLLOUTS), encode(group), key=d.problem_id.encode(),
                                headers=headers(group))
@@ -111,6 +111,18 @@ def test_a_rest_that_times_out_is_asked_again_and_still_joins_its_screen(tmp_pat
     desk.answer(again, [0.0] * 6)
     scheduler.step()
     assert [g.rewards for g in scheduler.fresh] == [[1.0, 0.0] + [0.0] * 6]
+
+
+def test_a_rest_for_another_prompt_than_its_screen_is_not_joined_to_it(tmp_path):
+    """Results are untrusted: a rest whose prompt differs from its screen's trains alone."""
+    cfg, transport, scheduler, desk = started(tmp_path)
+    mixed, *_ = desk.read()
+    desk.answer(mixed, [1.0, 0.0])
+    scheduler.step()
+    [rest] = [d for d in desk.read() if d.problem_id == mixed.problem_id]
+    desk.answer(rest, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], prompt=(9, 9))
+    scheduler.step()
+    assert [len(g.rollouts) for g in scheduler.fresh] == [6] and scheduler.counters["rests_not_joined"] == 1
 
 
 @pytest.mark.parametrize("override, says", [
