@@ -115,15 +115,18 @@ SETTINGS = [
 # favour whichever strategy it happens to suit.
 LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority_pooled": 2.5e-5, "priority_group": 1.25e-5,
       "priority_shuffled": 1.25e-5, "replay_alone": 5e-5, "naive_replay": 5e-5, "full": 2.5e-5, "full_pooled": 5e-5,
-      "priority_likelihood": 5e-5, "full_likelihood": 5e-5, "priority_flat_screen": 5e-5, "dapo_screen": 5e-5}
+      "priority_likelihood": 5e-5, "full_likelihood": 5e-5, "priority_flat_screen": 2.5e-5, "dapo_screen": 2.5e-5}
 # Optimizer steps per batch (GRPO's mu, learner.updates_per_batch) where it is not 1: per strategy,
 # with its rate, the pair of the highest median area under the curve of those tried on tuning seeds
 # (100-119 on the small pool for uniform, 100-109 for the others, 100-107 on the large;
 # benchmarks/RESULTS.md). Tried at mu = 1 and 2 on the small pool: every strategy (the baselines
 # also at 3 and 4; at 2, the baselines at half and twice their rates, the flat, group and
 # likelihood priorities at a quarter and half of theirs, full at half and twice, the shuffled
-# labels at the group prior's pair); on the large pool: uniform, DAPO, full and full_likelihood.
-UPDATES = {"uniform": 2, "dapo_filter": 2, "priority_group": 2, "priority_shuffled": 2}
+# labels at the group prior's pair; the two screened strategies at 2.5e-5 and 5e-5 with mu = 1
+# and 2, and at 1.25e-5 with mu = 2, screens of 2; screens of 4 at mu = 1 at the two rates); on
+# the large pool: uniform, DAPO, full and full_likelihood.
+UPDATES = {"uniform": 2, "dapo_filter": 2, "priority_group": 2, "priority_shuffled": 2, "priority_flat_screen": 2,
+           "dapo_screen": 2}
 MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # replaces UPDATES in that mode: a strategy not named takes one step
 MU = "learner.updates_per_batch"
 BUILTIN_POOL = "[20, 100, 100, 100]"  # training problems per difficulty of the built-in task: revisited ~5 times
