@@ -28,9 +28,10 @@ Strategies (all through the same scheduler, replay and learner):
   signal is completed to a group of 8; still no label;
 - ``dapo_screen``: DAPO with the same screening and uniform choice (SPEED-RL itself): the
   baseline that shows what screening alone does.
-Every strategy but DAPO trains one batch per ``groups_per_batch`` groups generated, each at its
-own tuned learning rate (``LR``) and optimizer steps per batch (``UPDATES``: the baselines, the group
-prior and its shuffled control take 2).
+Every strategy but DAPO and the screened ones trains one batch per ``groups_per_batch`` groups
+generated (those three: per ``groups_per_batch`` groups with a signal), each at its own tuned
+learning rate (``LR``) and optimizer steps per batch (``UPDATES``: the baselines, the group prior,
+its shuffled control and the screened strategies take 2).
 Every run is evaluated every ``--eval-every`` rollouts generated (not steps), so strategies
 are compared at equal generation cost. Reported: rollouts to each target (median over seeds,
 a seed that misses counts as beyond the budget), final accuracy, area under the accuracy-vs-
@@ -326,7 +327,7 @@ def median_difference(a: list[float], b: list[float]) -> float:
     return statistics.median(a) - statistics.median(b)
 
 
-GOAL_PAIRS = (("priority_flat", "uniform", "<= 0.7"), ("priority_pooled", "uniform", "<= 0.7"),
+GOAL_PAIRS = (("priority_flat", "uniform", "<= 0.7"), ("priority_flat_screen", "uniform", "<= 0.7"), ("priority_pooled", "uniform", "<= 0.7"),
               ("priority_likelihood", "uniform", "<= 0.7"), ("full_likelihood", "dapo_filter", "<= 0.6"),
               ("priority_shuffled", "uniform", "<= 1.0"), ("full", "dapo_filter", "<= 0.6"))
 
