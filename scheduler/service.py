@@ -182,19 +182,21 @@ class Scheduler(Service):
 
     def acceptable(self, msg, group: RolloutGroup) -> bool:
         """A group for a problem of this run, made by a version the learner can have made
-        (producers load only announced versions), with completions if it could be trained,
+        (producers load only announced versions), with completions if it could be trained (a
+        rest always can: it trains with its screen, whatever its own rewards),
         of the size its dispatch asked for; otherwise dead-lettered."""
         if group.problem_id not in self.index:
             self.reject(msg, "unknown_problem", group.problem_id)
             return False
-        if not group.has_completions and (not self.cfg.filters_zero_variance or has_signal(group.rewards)):
+        flight = self.in_flight.get(group.dispatch_id)
+        trainable = not self.cfg.filters_zero_variance or has_signal(group.rewards) or (flight is not None and flight.part == "rest")
+        if not group.has_completions and trainable:
             self.reject(msg, "missing_completions", "a group that can be trained has rollouts without completion tokens")
             return False
         newest = self.learner_version + self.cfg.scheduler.max_batches_ahead
         if group.policy_version > newest:
             self.reject(msg, "future_version", f"policy_version {group.policy_version} > {newest}")
             return False
-        flight = self.in_flight.get(group.dispatch_id)
         if flight is not None and not group.error and len(group.rewards) != flight.group_size:
             self.reject(msg, "wrong_group_size", f"{len(group.rewards)} completions, {flight.group_size} were asked for")
             return False

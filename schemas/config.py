@@ -128,7 +128,7 @@ class SchedulerConfig(Section):
     dispatch_timeout_s: float = Field(120.0, gt=0, description="An unanswered dispatch is issued again after this long.")
     filter_zero_variance: bool | None = Field(None, description="Drop groups whose rewards are all equal; unset: off for uniform, on otherwise.")
     dynamic_sampling: bool | None = Field(None, description="Generate until groups_per_batch groups with a signal fill a batch (DAPO dynamic sampling: full batches, more generation per step); unset: on for dapo_filter, off otherwise.")
-    screen_size: int = Field(0, ge=0, description="Screening (SPEED-RL's screen-then-complete): each dispatch first asks for this many completions (0: off, else 2 to sampling.group_size - 1). A screen whose rewards differ is completed by a second dispatch of the rest, and the two train as one group of sampling.group_size; a screen whose rewards are all equal is only counted in the problem's statistics. A look at a problem that teaches nothing costs screen_size completions, not a whole group. Needs the zero-variance filter; not with claim_check (a completed group spans two messages).")
+    screen_size: int = Field(0, ge=0, description="Screening (SPEED-RL's screen-then-complete): each dispatch first asks for this many completions (0: off, else 2 to sampling.group_size - 1). A screen whose rewards differ is completed by a second dispatch of the rest, and the two train as one group of sampling.group_size; a screen whose rewards are all equal is only counted in the problem's statistics. A look at a problem that teaches nothing costs screen_size completions, not a whole group. Needs the zero-variance filter; not with claim_check (a completed group spans two messages) or producer.drop_zero_signal_completions (a rest trains whatever its own rewards).")
     tau_max: int = Field(10, ge=0, description="Rollouts more than tau_max policy versions old are never trained on.")
     max_batches_ahead: int = Field(2, ge=1, description="Batches published but not yet trained, at most.")
     claim_check: bool = Field(False, description="Batches reference the rollout group messages (topic, partition, offset) instead of copying the tokens; the learner fetches them (fewer broker bytes; the rollouts topic's retention must cover the replay window).")
@@ -212,6 +212,10 @@ class Config(Section):
         if screen and not self.filters_zero_variance:
             raise ValueError("scheduler.screen_size needs the zero-variance filter (scheduler.filter_zero_variance): "
                              "a screen whose rewards are all equal is never trained")
+        if screen and self.producer.drop_zero_signal_completions:
+            raise ValueError("scheduler.screen_size does not work with producer.drop_zero_signal_completions: a rest "
+                             "whose own rewards are equal would be sent without completions, though it trains with "
+                             "its screen; set one of them off")
         if screen and self.scheduler.claim_check:
             raise ValueError("scheduler.screen_size does not work with scheduler.claim_check: a completed group "
                              "spans two messages; set one of them off")

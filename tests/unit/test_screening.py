@@ -36,8 +36,10 @@ class Desk:
     def read(self) -> list[Dispatch]:
         return [decode(m.value, Dispatch) for m in self.dispatches.poll(0.0)]
 
-    def answer(self, d: Dispatch, rewards: list[float], version: int = 0, prompt=(1, 2, 3)) -> RolloutGroup:
-        rollouts = [Rollout(np.asarray([5, 6], dtype=np.int32), np.asarray([-0.1, -0.2], dtype=np.float32), r, "stop")
+    def answer(self, d: Dispatch, rewards: list[float], version: int = 0, prompt=(1, 2, 3),
+               completions: bool = True) -> RolloutGroup:
+        tokens, logprobs = ([5, 6], [-0.1, -0.2]) if completions else ([], [])
+        rollouts = [Rollout(np.asarray(tokens, dtype=np.int32), np.asarray(logprobs, dtype=np.float32), r, "stop")
                     for r in rewards]
         group = RolloutGroup(d.dispatch_id, d.problem_id, version, "desk", np.asarray(prompt, dtype=np.int32), 1.0,
                              rollouts)
@@ -125,11 +127,30 @@ def test_a_rest_for_another_prompt_than_its_screen_is_not_joined_to_it(tmp_path)
     assert [len(g.rollouts) for g in scheduler.fresh] == [6] and scheduler.counters["rests_not_joined"] == 1
 
 
+def test_a_rest_without_completions_is_dead_lettered_even_when_its_own_rewards_are_equal(tmp_path):
+    """A rest trains with its screen whatever its own rewards, so it must carry its completions."""
+    from schemas import DeadLetter
+    from schemas.topics import DEADLETTER
+
+    cfg, transport, scheduler, desk = started(tmp_path)
+    mixed, *_ = desk.read()
+    desk.answer(mixed, [1.0, 0.0])
+    scheduler.step()
+    [rest] = [d for d in desk.read() if d.problem_id == mixed.problem_id]
+    desk.answer(rest, [0.0] * 6, completions=False)
+    scheduler.step()
+    dead = [decode(m.value, DeadLetter) for m in transport.subscriber([topic_name(cfg.run.name, DEADLETTER)],
+                                                                      group=None).poll(0.0)]
+    assert [d.reason for d in dead] == ["missing_completions"]
+    assert scheduler.fresh == [] and rest.dispatch_id in scheduler.in_flight  # asked again when it times out
+
+
 @pytest.mark.parametrize("override, says", [
     ({"scheduler.screen_size": 1}, "screen_size must be 0 (off) or 2 to sampling.group_size - 1"),
     ({"scheduler.screen_size": 8}, "screen_size must be 0 (off) or 2 to sampling.group_size - 1"),
     ({"scheduler.strategy": "'uniform'"}, "needs the zero-variance filter"),
     ({"scheduler.claim_check": "true"}, "does not work with scheduler.claim_check"),
+    ({"producer.drop_zero_signal_completions": "true"}, "does not work with producer.drop_zero_signal_completions"),
 ])
 def test_screening_settings_that_cannot_work_fail_with_the_reason(tmp_path, override, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
