@@ -327,9 +327,10 @@ def median_difference(a: list[float], b: list[float]) -> float:
     return statistics.median(a) - statistics.median(b)
 
 
-GOAL_PAIRS = (("priority_flat", "uniform", "<= 0.7"), ("priority_flat_screen", "uniform", "<= 0.7"), ("priority_pooled", "uniform", "<= 0.7"),
-              ("priority_likelihood", "uniform", "<= 0.7"), ("full_likelihood", "dapo_filter", "<= 0.6"),
-              ("priority_shuffled", "uniform", "<= 1.0"), ("full", "dapo_filter", "<= 0.6"))
+GOAL_PAIRS = (("priority_flat", "uniform", "<= 0.7"), ("priority_flat_screen", "uniform", "<= 0.7"),
+              ("priority_pooled", "uniform", "<= 0.7"), ("priority_likelihood", "uniform", "<= 0.7"),
+              ("full_likelihood", "dapo_filter", "<= 0.6"), ("priority_shuffled", "uniform", "<= 1.0"),
+              ("full", "dapo_filter", "<= 0.6"))
 
 
 def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None = None) -> list[str]:

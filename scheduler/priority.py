@@ -29,12 +29,12 @@ with numpy views for vectorised work), not in one Python object per problem.
   problems while any remain, round-robin over groups: every problem is dispatched within
   pool size / (unseen_share x dispatches per round) rounds, whatever its group's rate.
 - **Retest.** A problem whose last ``retest_after`` groups were all solved (all failed) goes
-  to the solved (unsolved) pool, out of the heap; the streak is counted in completions, so
-  with screening (``scheduler.screen_size``) screens of s completions count s / G of a group. Every ``retest_interval`` learner versions
-  ``retest_share`` of each pool, longest-untested first, is queued; retests take at most
-  ``retest_cap`` of all dispatches (the rest wait in the queue), and when nothing else is
-  choosable the queue and pools are served regardless. A changed result returns the
-  problem to the heap.
+  to the solved (unsolved) pool, out of the heap (the streak is counted in completions, so a
+  screen of s completions, ``scheduler.screen_size``, counts as s / G of a group). Every
+  ``retest_interval`` learner versions ``retest_share`` of each pool, longest-untested
+  first, is queued; retests take at most ``retest_cap`` of all dispatches (the rest wait in
+  the queue), and when nothing else is choosable the queue and pools are served regardless.
+  A changed result returns the problem to the heap.
 """
 
 from __future__ import annotations

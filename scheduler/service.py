@@ -189,8 +189,8 @@ class Scheduler(Service):
             self.reject(msg, "unknown_problem", group.problem_id)
             return False
         flight = self.in_flight.get(group.dispatch_id)
-        trainable = not self.cfg.filters_zero_variance or has_signal(group.rewards) or (flight is not None and flight.part == "rest")
-        if not group.has_completions and trainable:
+        rest = flight is not None and flight.part == "rest"
+        if not group.has_completions and (not self.cfg.filters_zero_variance or has_signal(group.rewards) or rest):
             self.reject(msg, "missing_completions", "a group that can be trained has rollouts without completion tokens")
             return False
         newest = self.learner_version + self.cfg.scheduler.max_batches_ahead
