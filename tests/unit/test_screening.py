@@ -59,6 +59,17 @@ def started(tmp_path, **extra):
     return cfg, transport, scheduler, Desk(cfg, transport)
 
 
+def waiting_for_a_rest(tmp_path):
+    """A scheduler whose first screen showed a signal (rewards 1, 0): (cfg, transport,
+    scheduler, desk, the screen's dispatch, the rest's dispatch)."""
+    cfg, transport, scheduler, desk = started(tmp_path)
+    mixed, *_ = desk.read()
+    desk.answer(mixed, [1.0, 0.0])
+    scheduler.step()
+    [rest] = [d for d in desk.read() if d.problem_id == mixed.problem_id]
+    return cfg, transport, scheduler, desk, mixed, rest
+
+
 def test_a_screen_with_a_signal_is_completed_and_trained_as_one_group(tmp_path):
     cfg, transport, scheduler, desk = started(tmp_path)
     screens = desk.read()
@@ -85,11 +96,7 @@ def test_a_screen_with_a_signal_is_completed_and_trained_as_one_group(tmp_path):
 def test_a_screen_waiting_for_its_rest_survives_a_restart(tmp_path):
     from scheduler.service import Scheduler
 
-    cfg, transport, scheduler, desk = started(tmp_path)
-    mixed, *_ = desk.read()
-    desk.answer(mixed, [0.0, 1.0])
-    scheduler.step()
-    [rest] = [d for d in desk.read() if d.problem_id == mixed.problem_id]
+    cfg, transport, scheduler, desk, mixed, rest = waiting_for_a_rest(tmp_path)
     scheduler.snapshot()
     restarted = Scheduler(cfg, transport)
     assert restarted.fresh == [] and list(restarted.screens) == [rest.dispatch_id]
@@ -97,15 +104,11 @@ def test_a_screen_waiting_for_its_rest_survives_a_restart(tmp_path):
     desk.answer(rest, [1.0] * 6)
     restarted.step()
     [group] = restarted.fresh
-    assert group.rewards == [0.0, 1.0] + [1.0] * 6
+    assert group.rewards == [1.0, 0.0] + [1.0] * 6
 
 
 def test_a_rest_that_times_out_is_asked_again_and_still_joins_its_screen(tmp_path):
-    cfg, transport, scheduler, desk = started(tmp_path)
-    mixed, *_ = desk.read()
-    desk.answer(mixed, [1.0, 0.0])
-    scheduler.step()
-    [rest] = [d for d in desk.read() if d.problem_id == mixed.problem_id]
+    cfg, transport, scheduler, desk, mixed, rest = waiting_for_a_rest(tmp_path)
     scheduler.in_flight[rest.dispatch_id].issued_at -= cfg.scheduler.dispatch_timeout_s + 1
     scheduler.step()
     [again] = [d for d in desk.read() if d.problem_id == mixed.problem_id]
@@ -117,11 +120,7 @@ def test_a_rest_that_times_out_is_asked_again_and_still_joins_its_screen(tmp_pat
 
 def test_a_rest_for_another_prompt_than_its_screen_is_not_joined_to_it(tmp_path):
     """Results are untrusted: a rest whose prompt differs from its screen's trains alone."""
-    cfg, transport, scheduler, desk = started(tmp_path)
-    mixed, *_ = desk.read()
-    desk.answer(mixed, [1.0, 0.0])
-    scheduler.step()
-    [rest] = [d for d in desk.read() if d.problem_id == mixed.problem_id]
+    cfg, transport, scheduler, desk, mixed, rest = waiting_for_a_rest(tmp_path)
     desk.answer(rest, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], prompt=(9, 9))
     scheduler.step()
     assert [len(g.rollouts) for g in scheduler.fresh] == [6] and scheduler.counters["rests_not_joined"] == 1
@@ -132,11 +131,7 @@ def test_a_rest_without_completions_is_dead_lettered_even_when_its_own_rewards_a
     from schemas import DeadLetter
     from schemas.topics import DEADLETTER
 
-    cfg, transport, scheduler, desk = started(tmp_path)
-    mixed, *_ = desk.read()
-    desk.answer(mixed, [1.0, 0.0])
-    scheduler.step()
-    [rest] = [d for d in desk.read() if d.problem_id == mixed.problem_id]
+    cfg, transport, scheduler, desk, mixed, rest = waiting_for_a_rest(tmp_path)
     desk.answer(rest, [0.0] * 6, completions=False)
     scheduler.step()
     dead = [decode(m.value, DeadLetter) for m in transport.subscriber([topic_name(cfg.run.name, DEADLETTER)],
