@@ -168,7 +168,7 @@ def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str],
         summary = run_pipeline(cfg, progress=False, max_rollouts=budget - scored)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
         pool = pool_accuracy(cfg)
-    return {**summarize_run(rows, summary, cfg.sampling.group_size, scored, cfg.scheduler.screen_size), "pool_end": pool}
+    return {**summarize_run(rows, summary, scored), "pool_end": pool}
 
 
 def pool_accuracy(cfg) -> dict[str, float]:
@@ -198,22 +198,18 @@ def likelihood_groups(cfg, out: str) -> int:
     return len(problems)
 
 
-def summarize_run(rows: list[dict], summary: dict, group_size: int, charged: int = 0, screen_size: int = 0) -> dict:
+def summarize_run(rows: list[dict], summary: dict, charged: int = 0) -> dict:
     """One run's figures; ``charged`` rollouts of work before the run (a scoring pass) move its
-    curve that far along the rollouts axis. With screening, a screen without a signal is a
-    look at a problem like a whole group: it counts in the signal share and its completions
-    in the zero-signal rollouts."""
+    curve that far along the rollouts axis."""
     evals = [r for r in rows if "learner/eval/accuracy" in r]
     sched = [r for r in rows if r["service"] == "scheduler"][-1]
     steps = [r for r in rows if "learner/loss" in r]
-    returned, share = sched["scheduler/groups_returned"], sched["scheduler/signal_share"]
-    screened_out = sched.get("scheduler/screens_without_signal", 0)
     replay_steps = [r for r in steps if r.get("learner/replay/clip_fraction") is not None]
     return {
         "curve": [(r["rollouts_generated"] + charged, r["learner/eval/accuracy"]) for r in evals],
         "by_difficulty": {k.rsplit("_", 1)[-1]: [r[k] for r in evals] for k in evals[-1] if k.startswith("learner/eval/accuracy_")},
-        "start": evals[0]["learner/eval/accuracy"], "signal_share": returned * share / max(1, returned + screened_out),
-        "zero_signal_rollouts": round(returned * (1 - share) * group_size) + screened_out * screen_size,
+        "start": evals[0]["learner/eval/accuracy"], "signal_share": sched["scheduler/signal_share"],
+        "zero_signal_rollouts": sched.get("scheduler/zero_signal_rollouts", 0),
         "retest_share": sched.get("scheduler/retest_share", 0.0),
         "never_dispatched_share": sched.get("scheduler/never_dispatched_share", float("nan")),
         "problems_seen": sched.get("scheduler/problems_seen"),

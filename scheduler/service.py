@@ -221,18 +221,20 @@ class Scheduler(Service):
             return None
         self.rollouts_generated += len(group.rollouts)
         self.generate_seconds += group.generate_seconds
-        if flight.part == "screen":
-            if has_signal(group.rewards):  # worth a whole group: the problem stays in flight for the rest
-                self.ask_rest(flight.problem, group)
-                return None
-            self.count("screens_without_signal")
-            return flight.problem, group.rewards
+        signal = has_signal(group.rewards)
+        if flight.part == "screen" and signal:  # worth a whole group: the problem stays in flight for the rest
+            self.ask_rest(flight.problem, group)
+            return None
         if flight.part == "rest":
             group = self.join(group)
-        self.groups_returned += 1
-        signal = has_signal(group.rewards)
+            signal = has_signal(group.rewards)
+        self.groups_returned += 1  # a look at the problem: a whole group, or a screen without a signal
         self.groups_with_signal += signal
-        if self.cfg.dynamic_sampling and not signal:
+        if not signal:
+            self.count("zero_signal_rollouts", len(group.rollouts))
+        if flight.part == "screen":
+            self.count("screens_without_signal")
+        elif self.cfg.dynamic_sampling and not signal:
             self.count("zero_signal_dropped")
         else:
             self.fresh.append(group)
@@ -423,7 +425,8 @@ class Scheduler(Service):
         waiting = state.get("screens", {})  # screens are written among the fresh groups
         groups = {g.dispatch_id: g for g in fresh}
         self.screens = {rest: groups[screen] for rest, screen in waiting.items() if screen in groups}
-        self.fresh = [g for g in fresh if g.dispatch_id not in set(waiting.values())]
+        screen_ids = set(waiting.values())
+        self.fresh = [g for g in fresh if g.dispatch_id not in screen_ids]
         if self.replay is not None and state.get("replay"):
             self.replay.load_state_dict(state["replay"], replay)
 

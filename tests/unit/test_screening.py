@@ -82,6 +82,7 @@ def test_a_screen_with_a_signal_is_completed_and_trained_as_one_group(tmp_path):
     rest = [d for d in desk.read() if d.problem_id == mixed.problem_id]
     assert [d.group_size for d in rest] == [6]  # the rest of the group, and only for the screen with a signal
     assert scheduler.fresh == [] and scheduler.counters["screens_without_signal"] == 3
+    assert scheduler.groups_returned == 3 and scheduler.counters["zero_signal_rollouts"] == 6  # looks, and their cost
     problem = scheduler.index[mixed.problem_id]
     assert scheduler.sampler.state[problem] == 1  # still in flight: no second look while its rest is out
     desk.answer(rest[0], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0], version=1)
