@@ -184,7 +184,7 @@ class Scheduler(Service):
         """A group for a problem of this run, made by a version the learner can have made
         (producers load only announced versions), with completions if it could be trained (a
         rest always can: it trains with its screen, whatever its own rewards),
-        of the size its dispatch asked for; otherwise dead-lettered."""
+        for the problem and of the size its dispatch asked for; otherwise dead-lettered."""
         if group.problem_id not in self.index:
             self.reject(msg, "unknown_problem", group.problem_id)
             return False
@@ -196,6 +196,9 @@ class Scheduler(Service):
         newest = self.learner_version + self.cfg.scheduler.max_batches_ahead
         if group.policy_version > newest:
             self.reject(msg, "future_version", f"policy_version {group.policy_version} > {newest}")
+            return False
+        if flight is not None and group.problem_id != self.problems[flight.problem].id:
+            self.reject(msg, "wrong_problem", f"{group.problem_id} answers a dispatch of {self.problems[flight.problem].id}")
             return False
         if flight is not None and not group.error and len(group.rewards) != flight.group_size:
             self.reject(msg, "wrong_group_size", f"{len(group.rewards)} completions, {flight.group_size} were asked for")

@@ -256,6 +256,22 @@ def test_scheduler_dead_letters_a_group_of_another_size_than_asked(tmp_path, siz
     assert did in scheduler.in_flight and scheduler.groups_returned == 0
 
 
+def test_scheduler_dead_letters_a_group_for_another_problem_than_its_dispatch(tmp_path):
+    """A result is counted and trained under its dispatch's problem: one that names another
+    problem (its prompt and rewards are that problem's) is dead-lettered, and the dispatch stays
+    in flight."""
+    run = Run(config(tmp_path))
+    scheduler = Scheduler(run.cfg, run.transport)
+    scheduler.step()
+    did, flight = next(iter(scheduler.in_flight.items()))
+    other = next(p.id for i, p in enumerate(scheduler.problems) if i != flight.problem)
+    rollouts = [Rollout([4, 2], [-0.1, -0.1], float(i % 2), "stop") for i in range(flight.group_size)]
+    run.inject(ROLLOUTS, RolloutGroup(did, other, 0, "p", [1, 3], 1.0, rollouts))
+    scheduler.step()
+    assert [d.reason for d in run.dead()] == ["wrong_problem"]
+    assert did in scheduler.in_flight and scheduler.groups_returned == 0
+
+
 @pytest.mark.parametrize("rewards, kept", [([0.0] * 4, False), ([1.0, 0.0] * 2, True)], ids=["all wrong", "mixed"])
 def test_producer_sends_rewards_only_for_a_group_without_signal(tmp_path, rewards, kept):
     run = Run(config(tmp_path, **{"producer.drop_zero_signal_completions": "true"}))
