@@ -36,7 +36,7 @@ Every run is evaluated every ``--eval-every`` rollouts generated (not steps), so
 are compared at equal generation cost. Reported: rollouts to each target (median over seeds,
 a seed that misses counts as beyond the budget), final accuracy, area under the accuracy-vs-
 rollouts curve, groups with signal, zero-signal rollouts, retest and never-dispatched shares,
-completion length of trained vs dropped-as-stale rollouts, and seed paper B's replay figures;
+distinct problems trained on (how broadly, not only how much), completion length of trained vs dropped-as-stale rollouts, and seed paper B's replay figures;
 each goal figure with its 90% bootstrap interval over seeds (how far other seeds could move it);
 and each run's final policy on its own training pool beside the held-out set, per difficulty
 (how much of what it learned is the pool).
@@ -213,6 +213,7 @@ def summarize_run(rows: list[dict], summary: dict, charged: int = 0) -> dict:
         "retest_share": sched.get("scheduler/retest_share", 0.0),
         "never_dispatched_share": sched.get("scheduler/never_dispatched_share", float("nan")),
         "problems_seen": sched.get("scheduler/problems_seen"),
+        "problems_trained": sched.get("scheduler/problems_trained"),  # distinct problems in a batch; None before it existed
         "completion_tokens_trained": sched.get("scheduler/completion_tokens/trained_mean", float("nan")),
         "completion_tokens_stale": sched.get("scheduler/completion_tokens/stale_dropped_mean", float("nan")),
         "completion_tokens_replay_evicted": sched.get("scheduler/replay/evicted_completion_tokens_mean", float("nan")),
@@ -271,6 +272,8 @@ def table(results: dict[str, list[dict]], targets: list[float], budget: int) -> 
             "final_min": finals[0], "final_median": statistics.median(finals), "final_max": finals[-1],
             "auc_median": statistics.median(area_under_curve(r, budget) for r in runs),
             "pool_median": pool_median(runs),
+            "problems_trained": (statistics.median(r["problems_trained"] for r in runs)
+                                 if all(r.get("problems_trained") is not None for r in runs) else None),
             **{k: statistics.mean(r[k] for r in runs) for k in (
                 "signal_share", "zero_signal_rollouts", "retest_share", "never_dispatched_share", "steps", "seconds",
                 "completion_tokens_trained", "completion_tokens_stale", "replay_share", "clip_fresh")},
@@ -360,7 +363,7 @@ def print_table(t: dict, targets: list[float], budget: int, header: str) -> None
     print(header)
     heads = "".join(f"{'to ' + str(x):>10}" for x in targets)
     print(f"{'strategy':<{NAME}}{heads}{'final min/med/max':>20}{'pool':>7}{'AUC':>7}{'signal':>8}{'zero-sig':>9}{'retest':>8}"
-          f"{'unseen':>8}{'tok tr/stale':>13}{'batches':>8}")  # learner versions; x mu optimizer steps
+          f"{'unseen':>8}{'tok tr/stale':>13}{'batches':>8}{'trained':>8}")  # learner versions; x mu optimizer steps
     for name, r in t.items():
         cells = "".join(f"{'>' + format(budget, ',') if r[f'rollouts_to_{x}'] is None else format(r[f'rollouts_to_{x}'], ',.0f'):>10}"
                         for x in targets)
@@ -368,7 +371,7 @@ def print_table(t: dict, targets: list[float], budget: int, header: str) -> None
         print(f"{name:<{NAME}}{cells}{r['final_min']:>8.3f}/{r['final_median']:.3f}/{r['final_max']:.3f}{pool:>7}{r['auc_median']:>7.3f}"
               f"{r['signal_share']:>8.3f}{r['zero_signal_rollouts']:>9,.0f}{r['retest_share']:>8.3f}"
               f"{r['never_dispatched_share']:>8.3f}{r['completion_tokens_trained']:>7.2f}/{r['completion_tokens_stale']:<5.2f}"
-              f"{r['steps']:>8.0f}")
+              f"{r['steps']:>8.0f}{'-' if r.get('problems_trained') is None else format(r['problems_trained'], '.0f'):>8}")
 
 
 def curves_png(results: dict, out: str, targets: list[float], title: str, smooth: int) -> None:

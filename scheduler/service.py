@@ -87,6 +87,7 @@ class Scheduler(Service):
         super().__init__(cfg, transport, metrics)
         self.problems = train_problems(cfg.task)
         self.index = {p.id: i for i, p in enumerate(self.problems)}
+        self.trained = np.zeros(len(self.problems), dtype=np.uint8)  # 1: a fresh group of it has entered a batch
         self.group_names, labels, start = problem_groups(cfg, self.problems)
         self.sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start, cfg.sampling.group_size)
         s = cfg.sampling
@@ -320,6 +321,7 @@ class Scheduler(Service):
         self.count("stale_fresh_rollouts", comp.stale_completion_tokens[1])
         if comp.batch is not None:
             fresh = [r for r in comp.batch.rollouts if not r.is_replay]
+            self.trained[[self.index[r.problem_id] for r in fresh]] = 1  # how broadly it trains, not only how much
             self.count("trained_fresh_rollouts", len(fresh))
             self.count("trained_completion_tokens", sum(len(r.completion_ids) for r in fresh))
 
@@ -415,6 +417,7 @@ class Scheduler(Service):
             "screens": {rest: screen.dispatch_id for rest, screen in self.screens.items()},  # the groups go with fresh
             "coords": {did: list(c) for did, c in self.coords.items()},
             "sampler": self.sampler.state_dict(),
+            "trained": self.trained.copy(),
             "replay": replay_state,
         }
 
@@ -424,7 +427,9 @@ class Scheduler(Service):
         full = self.cfg.sampling.group_size  # snapshots from before dispatches recorded their size
         self.in_flight = {did: InFlight(*v) if len(v) >= 4 else InFlight(*v, full) for did, v in state["in_flight"].items()}
         self.coords = {did: tuple(c) for did, c in state.get("coords", {}).items()}
-        self.sampler.load_state_dict(state["sampler"])
+        self.sampler.load_state_dict(state["sampler"])  # checks the problem count: so does "trained" fit
+        if "trained" in state:  # snapshots from before it existed: counted from here on
+            self.trained[:] = np.asarray(state["trained"], dtype=np.uint8)
         waiting = state.get("screens", {})  # screens are written among the fresh groups
         groups = {g.dispatch_id: g for g in fresh}
         self.screens = {rest: groups[screen] for rest, screen in waiting.items() if screen in groups}
@@ -479,12 +484,14 @@ class Scheduler(Service):
             / max(1, self.counters.get("stale_fresh_rollouts", 0)),
             **self.counters,
             **self.sampler.metrics(),
+            "problems_trained": int(self.trained.sum()),
         }
 
     def gauges(self) -> dict:
         return {**self.counters, "learner_version": self.learner_version, "next_seq": self.next_seq,
                 "in_flight": len(self.in_flight), "fresh_groups": len(self.fresh),
-                "rollouts_generated": self.rollouts_generated, **self.sampler.metrics()}
+                "rollouts_generated": self.rollouts_generated, **self.sampler.metrics(),
+                "problems_trained": int(self.trained.sum())}
 
     def close(self) -> None:
         if self.archive is not None:

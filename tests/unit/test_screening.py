@@ -151,3 +151,23 @@ def test_a_rest_without_completions_is_dead_lettered_even_when_its_own_rewards_a
 def test_screening_settings_that_cannot_work_fail_with_the_reason(tmp_path, override, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
         screening_config(tmp_path, **override)
+
+
+def test_problems_trained_counts_distinct_problems_that_entered_a_batch_and_survives_a_restart(tmp_path):
+    """How broadly a run trains, not only how much: a group without a signal is looked at, not
+    trained, and a problem trained twice counts once."""
+    from scheduler.service import Scheduler
+
+    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.screen_size": 0})
+    looks = desk.read()
+    assert len(looks) == 4 and all(d.group_size == 8 for d in looks)
+    for d, rewards in zip(looks, ([1.0, 0.0] * 4, [1.0] + [0.0] * 7, [0.0] * 8, [1.0] * 8)):
+        desk.answer(d, rewards)
+    scheduler.step()
+    assert scheduler.next_seq == 1  # one batch, of the two groups with a signal
+    assert scheduler.gauges()["problems_trained"] == 2
+    assert scheduler.counters["zero_signal_dropped"] == 2
+    scheduler.snapshot()
+    restarted = Scheduler(cfg, transport)
+    assert restarted.gauges()["problems_trained"] == 2
+    assert restarted.trained[[restarted.index[d.problem_id] for d in looks[:2]]].tolist() == [1, 1]
