@@ -36,7 +36,8 @@ Every run is evaluated every ``--eval-every`` rollouts generated (not steps), so
 are compared at equal generation cost. Reported: rollouts to each target (median over seeds,
 a seed that misses counts as beyond the budget), final accuracy, area under the accuracy-vs-
 rollouts curve, groups with signal, zero-signal rollouts, retest and never-dispatched shares,
-distinct problems trained on (how broadly, not only how much), completion length of trained vs dropped-as-stale rollouts, and seed paper B's replay figures;
+distinct problems trained on (how broadly, not only how much), completion length of trained vs
+dropped-as-stale rollouts, and seed paper B's replay figures;
 each goal figure with its 90% bootstrap interval over seeds (how far other seeds could move it);
 and each run's final policy on its own training pool beside the held-out set, per difficulty
 (how much of what it learned is the pool).

@@ -155,7 +155,7 @@ def test_screening_settings_that_cannot_work_fail_with_the_reason(tmp_path, over
 
 def test_problems_trained_counts_distinct_problems_that_entered_a_batch_and_survives_a_restart(tmp_path):
     """How broadly a run trains, not only how much: a group without a signal is looked at, not
-    trained, and a problem trained twice counts once."""
+    trained; the count is kept in the snapshot."""
     from scheduler.service import Scheduler
 
     cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.screen_size": 0})
