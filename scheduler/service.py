@@ -427,7 +427,7 @@ class Scheduler(Service):
         full = self.cfg.sampling.group_size  # snapshots from before dispatches recorded their size
         self.in_flight = {did: InFlight(*v) if len(v) >= 4 else InFlight(*v, full) for did, v in state["in_flight"].items()}
         self.coords = {did: tuple(c) for did, c in state.get("coords", {}).items()}
-        self.sampler.load_state_dict(state["sampler"])  # checks the problem count: so does "trained" fit
+        self.sampler.load_state_dict(state["sampler"])  # checks the problem count, so "trained" below fits
         if "trained" in state:  # snapshots from before it existed: counted from here on
             self.trained[:] = np.asarray(state["trained"], dtype=np.uint8)
         waiting = state.get("screens", {})  # screens are written among the fresh groups
@@ -483,15 +483,17 @@ class Scheduler(Service):
             "completion_tokens/stale_dropped_mean": self.counters.get("stale_completion_tokens", 0)
             / max(1, self.counters.get("stale_fresh_rollouts", 0)),
             **self.counters,
-            **self.sampler.metrics(),
-            "problems_trained": int(self.trained.sum()),
+            **self.coverage(),
         }
 
     def gauges(self) -> dict:
         return {**self.counters, "learner_version": self.learner_version, "next_seq": self.next_seq,
                 "in_flight": len(self.in_flight), "fresh_groups": len(self.fresh),
-                "rollouts_generated": self.rollouts_generated, **self.sampler.metrics(),
-                "problems_trained": int(self.trained.sum())}
+                "rollouts_generated": self.rollouts_generated, **self.coverage()}
+
+    def coverage(self) -> dict:
+        """How the pool is covered: the sampler's pools and shares, and the distinct problems trained on."""
+        return {**self.sampler.metrics(), "problems_trained": int(self.trained.sum())}
 
     def close(self) -> None:
         if self.archive is not None:
