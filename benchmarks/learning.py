@@ -214,7 +214,7 @@ def summarize_run(rows: list[dict], summary: dict, charged: int = 0) -> dict:
         "retest_share": sched.get("scheduler/retest_share", 0.0),
         "never_dispatched_share": sched.get("scheduler/never_dispatched_share", float("nan")),
         "problems_seen": sched.get("scheduler/problems_seen"),
-        "problems_trained": sched.get("scheduler/problems_trained"),  # distinct problems in a batch; None before it existed
+        "problems_trained": sched.get("scheduler/problems_trained"),  # distinct problems trained with a signal; None before it existed
         "completion_tokens_trained": sched.get("scheduler/completion_tokens/trained_mean", float("nan")),
         "completion_tokens_stale": sched.get("scheduler/completion_tokens/stale_dropped_mean", float("nan")),
         "completion_tokens_replay_evicted": sched.get("scheduler/replay/evicted_completion_tokens_mean", float("nan")),

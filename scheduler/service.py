@@ -87,7 +87,7 @@ class Scheduler(Service):
         super().__init__(cfg, transport, metrics)
         self.problems = train_problems(cfg.task)
         self.index = {p.id: i for i, p in enumerate(self.problems)}
-        self.trained = np.zeros(len(self.problems), dtype=np.uint8)  # 1: a fresh group of it has entered a batch
+        self.trained = np.zeros(len(self.problems), dtype=np.uint8)  # 1: a fresh group of it with a signal was trained
         self.group_names, labels, start = problem_groups(cfg, self.problems)
         self.sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start, cfg.sampling.group_size)
         s = cfg.sampling
@@ -321,7 +321,9 @@ class Scheduler(Service):
         self.count("stale_fresh_rollouts", comp.stale_completion_tokens[1])
         if comp.batch is not None:
             fresh = [r for r in comp.batch.rollouts if not r.is_replay]
-            self.trained[[self.index[r.problem_id] for r in fresh]] = 1  # how broadly it trains, not only how much
+            # How broadly it trains, not only how much: a group whose rewards are all equal has
+            # zero advantages and teaches nothing, filtered or not.
+            self.trained[[self.index[r.problem_id] for r in fresh if r.advantage != 0]] = 1
             self.count("trained_fresh_rollouts", len(fresh))
             self.count("trained_completion_tokens", sum(len(r.completion_ids) for r in fresh))
 

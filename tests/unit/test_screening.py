@@ -171,3 +171,17 @@ def test_problems_trained_counts_distinct_problems_that_entered_a_batch_and_surv
     restarted = Scheduler(cfg, transport)
     assert restarted.gauges()["problems_trained"] == 2
     assert restarted.trained[[restarted.index[d.problem_id] for d in looks[:2]]].tolist() == [1, 1]
+
+
+def test_problems_trained_leaves_out_groups_without_a_signal_when_they_are_trained_unfiltered(tmp_path):
+    """Uniform GRPO trains zero-variance groups too (zero advantages, no gradient): they do
+    not count as problems trained, so the count compares across strategies."""
+    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.screen_size": 0,
+                                                           "scheduler.filter_zero_variance": "false"})
+    looks = desk.read()
+    for d, rewards in zip(looks, ([1.0, 0.0] * 4, [0.0] * 8, [0.0] * 8, [1.0] * 8)):
+        desk.answer(d, rewards)
+    scheduler.step()
+    assert scheduler.next_seq == 1 and scheduler.counters.get("zero_signal_dropped", 0) == 0  # all four trained
+    assert scheduler.gauges()["problems_trained"] == 1
+    assert scheduler.trained[scheduler.index[looks[0].problem_id]] == 1
