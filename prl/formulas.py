@@ -38,7 +38,10 @@ def gumbel_keys(log_weights, rng: np.random.Generator):
 def exponential_clock(now: float, rates, rng: np.random.Generator):
     """t = now + E / w, E ~ Exp(1): when a clock of rate w set at ``now`` rings. Among clocks
     running at any moment, the next to ring is clock i with probability w_i / sum(w), however
-    long each has run (memorylessness): sampling in proportion to w, one pick at a time."""
+    long each has run (memorylessness): sampling in proportion to w, one pick at a time.
+    A float ``rates`` gives a float (one clock, without the cost of an array)."""
+    if isinstance(rates, float):
+        return now + rng.exponential() / rates
     rates = np.asarray(rates, dtype=np.float64)
     return now + rng.exponential(size=rates.shape) / rates
 

@@ -91,6 +91,7 @@ class PrioritySampler:
                              for g in range(self.num_groups)]
         self.unseen_pos = [0] * self.num_groups
         self.group_stamp = [0] * self.num_groups
+        self.unseen_w = [0.0] * self.num_groups  # priority of one never-tried problem per group, as last armed
         self.heap: list[tuple[float, int, int]] = []  # (key, stamp, id): id >= 0 a problem, id < 0 a group's unseen
         self.now = 0.0  # virtual time of the clocks
         self.pools = {SOLVED: deque(), UNSOLVED: deque()}
@@ -203,7 +204,7 @@ class PrioritySampler:
         i = self.unseen_order[g][self.unseen_pos[g]]
         self.unseen_pos[g] += 1
         self.unseen_dispatched += 1
-        self._arm_groups([g])  # one fewer never-tried problem: the group's clock rate changed
+        self._arm_unseen(g)  # one fewer never-tried problem: the group's clock rate changed
         return self._take(i)
 
     def observe(self, i: int, rewards, version: int) -> None:
@@ -303,15 +304,22 @@ class PrioritySampler:
             push(heap, entry)
 
     def _arm_groups(self, groups) -> None:
-        """Reset the clock of each group's never-tried problems: rate m w for m problems of
-        priority w (greedy: the priority w)."""
+        """Reset the clock of each group's never-tried problems, their priority w recomputed
+        (the group's rate may have moved)."""
         for g in groups:
-            m = self.unseen_left(g)
-            self.group_stamp[g] += 1
-            if m:
-                w = self.unseen_priority(g)
-                key = float(self._keys(np.asarray([w if self.cfg.mode == "greedy" else m * w]))[0])
-                heapq.heappush(self.heap, (key, self.group_stamp[g], -g - 1))
+            self.unseen_w[g] = self.unseen_priority(g)
+            self._arm_unseen(g)
+
+    def _arm_unseen(self, g: int) -> None:
+        """Reset group g's never-tried clock at its last priority w: rate m w for m problems
+        (greedy: the key -w). Scalar arithmetic: this runs once per never-tried pick."""
+        m = self.unseen_left(g)
+        self.group_stamp[g] += 1
+        if m:
+            w = self.unseen_w[g]
+            key = -max(w, MIN_RATE) if self.cfg.mode == "greedy" else \
+                exponential_clock(self.now, max(m * w, MIN_RATE), self.rng)
+            heapq.heappush(self.heap, (key, self.group_stamp[g], -g - 1))
 
     def _compact(self) -> None:
         """Drop stale heap entries once they outnumber live ones (bounds memory)."""
@@ -381,6 +389,7 @@ class PrioritySampler:
         self.unseen_order = [array("i", np.asarray(st["unseen_order"][str(g)], dtype=np.int32).tobytes())
                              for g in range(self.num_groups)]
         self.unseen_pos = list(st["unseen_pos"])
+        self.unseen_w = [self.unseen_priority(g) for g in range(self.num_groups)]  # group rates restored above
         self.pools = {SOLVED: deque(np.asarray(st["solved_pool"]).tolist()),
                       UNSOLVED: deque(np.asarray(st["unsolved_pool"]).tolist())}
         self.retest_queue = deque(np.asarray(st["retest_queue"]).tolist())
