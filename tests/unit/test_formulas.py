@@ -49,3 +49,13 @@ def test_the_next_exponential_clock_to_ring_is_proportional_to_its_rate_whatever
         if alive.all():
             wins[np.argmin(rings)] += 1
     assert wins / wins.sum() == pytest.approx(rates / rates.sum(), abs=0.015)
+
+
+def test_one_exponential_clock_as_a_float_rings_when_the_array_form_would():
+    """The scalar path (a never-tried group's clock, once per pick) draws the same Exp(1) from
+    the stream as the array path, so the sampler's picks do not depend on which one runs."""
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    scalar = [f.exponential_clock(1.5, 0.25, a) for _ in range(100)]
+    arrays = [f.exponential_clock(1.5, np.array([0.25]), b)[0] for _ in range(100)]
+    assert all(isinstance(t, float) for t in scalar)
+    assert scalar == [float(t) for t in arrays]
