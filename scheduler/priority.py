@@ -287,9 +287,10 @@ class PrioritySampler:
                 self.retest_queue.append(i)
 
     # -- clocks ---------------------------------------------------------------------
-    def _keys(self, rates: np.ndarray) -> np.ndarray:
-        """Heap keys (smallest pops first): the ring time of a fresh clock, or -priority."""
-        rates = np.maximum(rates, MIN_RATE)
+    def _keys(self, rates):
+        """Heap keys (smallest pops first): the ring time of a fresh clock, or -priority; a
+        float for a float (one clock, no arrays), else an array."""
+        rates = max(rates, MIN_RATE) if isinstance(rates, float) else np.maximum(rates, MIN_RATE)
         return -rates if self.cfg.mode == "greedy" else exponential_clock(self.now, rates, self.rng)
 
     def _arm(self, idx: np.ndarray) -> None:
@@ -317,8 +318,7 @@ class PrioritySampler:
         self.group_stamp[g] += 1
         if m:
             w = self.unseen_w[g]
-            key = -max(w, MIN_RATE) if self.cfg.mode == "greedy" else \
-                exponential_clock(self.now, max(m * w, MIN_RATE), self.rng)
+            key = self._keys(w if self.cfg.mode == "greedy" else m * w)
             heapq.heappush(self.heap, (key, self.group_stamp[g], -g - 1))
 
     def _compact(self) -> None:
