@@ -15,7 +15,10 @@ with numpy views for vectorised work), not in one Python object per problem.
   rate (empirical Bayes) rather than at p = 1/2, the maximum of p(1-p). (Its never-tried
   problems still share one clock of rate m x priority, so a mostly untried pool is still
   mostly drawn from its untried problems: measured, no faster than the flat prior.)
-- **Priority** p(1-p) (``prl.formulas.bernoulli_variance``).
+- **Priority** p(1-p) (``prl.formulas.bernoulli_variance``), or with ``weight = "signal"``
+  the chance that a group of G has a signal, 1 - p^G - (1-p)^G
+  (``prl.formulas.signal_probability``): as high at p = 0.8 as at 1/2, so the sampler keeps
+  training nearly-solved problems instead of concentrating on the hardest learnable ones.
 - **Sampling in proportion to priority** (``gumbel`` mode), whatever the call size and
   history: every choosable problem holds an exponential clock in virtual time; a clock set
   at time t with rate w rings at t + E/w (E ~ Exp(1), ``prl.formulas.exponential_clock``),
@@ -46,7 +49,7 @@ from collections import deque
 
 import numpy as np
 
-from prl.formulas import bernoulli_variance, decay_factor, exponential_clock, success_estimate
+from prl.formulas import bernoulli_variance, decay_factor, exponential_clock, signal_probability, success_estimate
 from scheduler.snapshot import expect_state
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
@@ -69,8 +72,10 @@ class PrioritySampler:
         ``group_start[g]``: group g's rate before any first visit (default 1/2);
         ``group_size``: completions of a whole group (G), the retest streak's unit."""
         groups = np.asarray(groups, dtype=np.int32)
-        if cfg.prior == "pooled":
-            groups = np.zeros_like(groups)  # one group: the pool's rate, no label
+        if cfg.prior in ("pooled", "flat"):
+            # one group: no label reaches the sampler, not even the never-tried floor's
+            # round-robin, which would otherwise balance first visits across the labels
+            groups = np.zeros_like(groups)
         self.cfg = cfg
         self.group_size = group_size
         self.shared_prior = cfg.prior != "flat"  # the prior is a group's rate
@@ -116,21 +121,26 @@ class PrioritySampler:
         return self.cfg.alpha, self.cfg.beta
 
     def priorities(self, idx: np.ndarray | None = None) -> np.ndarray:
-        """Current priority p(1-p) of problems ``idx`` (default: all), counts decayed to the
+        """Current priority (``weight``) of problems ``idx`` (default: all), counts decayed to the
         current version."""
         sel = slice(None) if idx is None else idx
         s, n = self._successes_np[sel], self._attempts_np[sel]
         if self.cfg.half_life_versions > 0:
             f = decay_factor(np.maximum(self.version - self._updated_at_np[sel], 0), self.cfg.half_life_versions)
             s, n = s * f, n * f
-        return bernoulli_variance(success_estimate(s, n, *self.prior(sel)))
+        return self.weight(success_estimate(s, n, *self.prior(sel)))
+
+    def weight(self, p):
+        """A problem's priority from its success estimate p: p(1-p), or the chance that its
+        next group has a signal (``cfg.weight``)."""
+        return signal_probability(p, self.group_size) if self.cfg.weight == "signal" else bernoulli_variance(p)
 
     def priority(self, i: int) -> float:
         return float(self.priorities(np.asarray([i]))[0])
 
     def unseen_priority(self, g: int) -> float:
         p = self.group_rate(g) if self.shared_prior else success_estimate(0, 0, self.cfg.alpha, self.cfg.beta)
-        return float(bernoulli_variance(p))
+        return float(self.weight(p))
 
     def unseen_left(self, g: int) -> int:
         return len(self.unseen_order[g]) - self.unseen_pos[g]

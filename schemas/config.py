@@ -93,6 +93,7 @@ class PriorityConfig(Section):
     beta: float = Field(1.0, gt=0, description="Flat prior failures.")
     pseudo_count: float = Field(2.0, gt=0, description="Weight, in attempts, of the group's (or pool's) rate (prior = group or pooled).")
     half_life_versions: float = Field(0.0, ge=0, description="Exponential decay of old outcomes, in policy versions (0: none); applied when priorities are read, so a problem without new results drifts back to its prior.")
+    weight: Literal["variance", "signal"] = Field("variance", description="A problem's priority from its success estimate p: variance, p(1-p) (seed A's, largest at p = 1/2); signal, 1 - p^G - (1-p)^G, the chance that its next group of G completions is neither all solved nor all failed, about equal over most of (0, 1) (nearly-solved problems go on being trained).")
     mode: Literal["greedy", "gumbel"] = Field("gumbel", description="greedy: highest priority first; gumbel: each pick in proportion to priority among the problems choosable then (exponential clocks).")
     shuffle_groups: bool = Field(False, description="A control for the group prior: the task's group labels permuted across problems (same group sizes, no information).")
     groups_path: str | None = Field(None, description="A file of (id, group) rows whose groups replace the task's labels for the group prior, e.g. the answer-likelihood bins `prl data likelihood` writes: groups without a difficulty label. Needs prior = 'group'.")

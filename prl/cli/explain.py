@@ -53,8 +53,10 @@ def restore_sampler(cfg, problems, state: dict):
 PRIOR_WORDS = {  # prior -> (where it comes from, whose rate, whose never-tried problems it is drawn with)
     "group": ("from its group", "group", "its group"),
     "pooled": ("from the whole pool", "pool", "the pool"),
-    "flat": ("flat", "group", "its group"),
+    "flat": ("flat", "pool", "the pool"),  # no label reaches the sampler
 }
+
+WEIGHT_WORDS = {"variance": "p(1-p)", "signal": "1 - p^G - (1-p)^G (chance of a signal)"}
 
 
 def why(s, i: int, cfg) -> list[str]:
@@ -69,7 +71,7 @@ def why(s, i: int, cfg) -> list[str]:
            f"{' (decayed to version ' + str(s.version) + ')' if cfg.priority.half_life_versions else ''}, last tested at version "
            f"{s.last_tested[i]}; prior Beta({a:.2f}, {b:.2f}) {source}"
            f" ({shared} rate {float(s.group_rate(g)):.3f} over first tries, from a start of {s.group_start[g]:.3f}{start_words})",
-           f"  priority p(1-p) = {prio:.4f}"]
+           f"  priority {WEIGHT_WORDS[cfg.priority.weight]} = {prio:.4f}"]
     if st == 0:
         choosable = np.flatnonzero(s._state_np == 0)
         w = s.priorities(choosable)

@@ -17,6 +17,18 @@ def test_success_estimate_and_bernoulli_variance():
     assert f.bernoulli_variance(p) == pytest.approx(((rewards - p) ** 2).mean())  # the mean squared advantage
 
 
+def test_signal_probability_is_the_share_of_groups_that_are_not_all_equal():
+    rng = np.random.default_rng(0)
+    for p in (0.05, 0.5, 0.8):
+        groups = rng.random((40_000, 8)) < p
+        mixed = (groups.any(1) & ~groups.all(1)).mean()
+        assert f.signal_probability(p, 8) == pytest.approx(mixed, abs=0.01)
+    assert f.signal_probability(0.0, 8) == 0.0 == f.signal_probability(1.0, 8)
+    assert f.signal_probability(0.8, 8) == pytest.approx(f.signal_probability(0.2, 8))
+    # flat where p(1-p) is not: p = 0.8 weighs 0.84 of p = 1/2 here, 0.64 under the variance
+    assert f.signal_probability(0.8, 8) / f.signal_probability(0.5, 8) > 0.8
+
+
 def test_group_advantages_and_signal():
     assert f.group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1, -1, -1, 1], abs=1e-5)
     assert f.group_advantages([1.0, 1.0]) == [0.0, 0.0]

@@ -61,6 +61,16 @@ def test_pooled_problems_are_retested_within_the_stated_bound():
     assert all(199 - last[i] <= bound + interval for i in pooled)
 
 
+@pytest.mark.parametrize("weight,ratio", [("variance", 0.09 / 0.25), ("signal", 0.570 / 0.992)])
+def test_the_weight_sets_how_a_nearly_solved_problem_ranks_against_a_medium_one(weight, ratio):
+    """With a flat Beta(1, 1) prior, 8 of 8 solved reads p = 0.9 and 4 of 8 p = 0.5: p(1-p)
+    weighs the first 0.36 of the second; the chance of a signal in a group of 8, 0.57."""
+    s = sampler(n=2, groups=1, prior="flat", retest=False, weight=weight)
+    s.observe(0, [1.0] * 8, 0)
+    s.observe(1, [1.0, 0.0] * 4, 0)
+    assert s.priority(0) / s.priority(1) == pytest.approx(ratio, rel=0.01)
+
+
 def test_greedy_order_follows_priority():
     s = sampler(n=30, groups=1, mode="greedy", prior="flat", retest=False)
     first = s.next(30)
@@ -167,6 +177,19 @@ def test_pooled_prior_is_the_pools_first_visit_rate_whatever_the_labels():
     mixed = first[1]  # 2 of 8 solved, then 2 pseudo-attempts at the pool's rate
     p = (2 + 2 * rate) / (8 + 2)
     assert s.priority(mixed) == pytest.approx(p * (1 - p))
+
+
+@pytest.mark.parametrize("prior", ["flat", "pooled"])
+def test_a_prior_without_a_label_explores_without_it(prior):
+    """The never-tried floor goes round-robin over the sampler's groups; without a label
+    (flat, pooled) there is one, so first visits do not balance across the labels: a floor-only
+    sampler over labels of 4 and 36 problems draws the small label's problems at their share
+    (1/10), not at half the picks."""
+    labels = np.asarray([0] * 4 + [1] * 36)
+    s = PrioritySampler(labels, PriorityConfig(prior=prior, unseen_share=1.0), seed=0)
+    firsts = [s.next(1)[0] for _ in range(8)]
+    assert {int(s.group[i]) for i in range(40)} == {0}
+    assert sum(labels[i] == 0 for i in firsts) <= 3  # round-robin over the labels would give 4
 
 
 def steady_state_picks(s, rates, calls: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -289,12 +312,12 @@ def test_a_snapshot_of_another_sampler_is_refused_naming_both(written, read, say
 
 @pytest.mark.parametrize("prior, says, not_says", [
     ("group", "drawn with its group's never-tried problems", "fixed random order"),
-    ("flat", "round-robin over groups", "from the whole pool"),
+    ("flat", "drawn with the pool's never-tried problems", "round-robin over groups"),
     ("pooled", "drawn with the pool's never-tried problems", "round-robin over groups"),
 ])
 def test_explain_words_a_never_tried_problem_as_its_prior_draws_it(prior, says, not_says):
-    """`prl explain`: under the pooled prior the task's groups play no part, and the
-    explanation does not say they do."""
+    """`prl explain`: under the flat and pooled priors the task's groups play no part, and
+    the explanation does not say they do."""
     from prl.cli.explain import why
     from schemas.config import SchedulerConfig
 
