@@ -17,8 +17,8 @@ with numpy views for vectorised work), not in one Python object per problem.
   mostly drawn from its untried problems: measured, no faster than the flat prior.)
 - **Priority** p(1-p) (``prl.formulas.bernoulli_variance``), or with ``weight = "signal"``
   the chance that a group of G has a signal, 1 - p^G - (1-p)^G
-  (``prl.formulas.signal_probability``): as high at p = 0.8 as at 1/2, so the sampler keeps
-  training nearly-solved problems instead of concentrating on the hardest learnable ones.
+  (``prl.formulas.signal_probability``): nearly as high at p = 0.8 (0.83) as at 1/2 (0.99), so
+  the sampler keeps training nearly-solved problems instead of concentrating on p = 1/2.
 - **Sampling in proportion to priority** (``gumbel`` mode), whatever the call size and
   history: every choosable problem holds an exponential clock in virtual time; a clock set
   at time t with rate w rings at t + E/w (E ~ Exp(1), ``prl.formulas.exponential_clock``),
