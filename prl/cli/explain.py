@@ -32,7 +32,7 @@ def explain(cfg, problem_id: str) -> str:
     state, fresh, replay, _ = snap
     sampler, group = restore_sampler(cfg, problems, state)
     i = index[problem_id]
-    uses_label = cfg.scheduler.strategy == "success_variance" and cfg.scheduler.priority.prior != "pooled"
+    uses_label = cfg.scheduler.strategy == "success_variance" and cfg.scheduler.priority.prior == "group"
     lines = [f"{problem_id}{f' (group {group[i]!r})' if uses_label else ''} at learner version {state['learner_version']}:"]
     lines += why(sampler, i, cfg.scheduler) if cfg.scheduler.strategy == "success_variance" else \
         [f"  chosen uniformly (strategy {cfg.scheduler.strategy}); tried {int(sampler.attempts[i])} rollouts"]
@@ -70,7 +70,8 @@ def why(s, i: int, cfg) -> list[str]:
            f"  outcomes: {s.successes[i]:g} solved of {s.attempts[i]:g} rollouts"
            f"{' (decayed to version ' + str(s.version) + ')' if cfg.priority.half_life_versions else ''}, last tested at version "
            f"{s.last_tested[i]}; prior Beta({a:.2f}, {b:.2f}) {source}"
-           f" ({shared} rate {float(s.group_rate(g)):.3f} over first tries, from a start of {s.group_start[g]:.3f}{start_words})",
+           + (f" ({shared} rate {float(s.group_rate(g)):.3f} over first tries, from a start of {s.group_start[g]:.3f}{start_words})"
+              if s.shared_prior else ""),
            f"  priority {WEIGHT_WORDS[cfg.priority.weight]} = {prio:.4f}"]
     if st == 0:
         choosable = np.flatnonzero(s._state_np == 0)

@@ -413,9 +413,9 @@ def test_replay_train_learns_from_the_archive_into_a_new_run_dir(tmp_path, capsy
     assert "already holds checkpoints" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("prior", ["group", "pooled"])
+@pytest.mark.parametrize("prior", ["group", "pooled", "flat"])
 def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys, prior):
-    """The group is named where the prior uses it (not under the pooled prior)."""
+    """The group is named where the prior uses it (not under the pooled or flat prior)."""
     import pyarrow.dataset as ds
 
     from prl.cli import main

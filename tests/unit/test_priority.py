@@ -325,3 +325,4 @@ def test_explain_words_a_never_tried_problem_as_its_prior_draws_it(prior, says, 
     s = PrioritySampler(np.arange(40) % 4, cfg.priority, seed=0)
     text = "\n".join(why(s, 0, cfg))
     assert "never tried" in text and says in text and not_says not in text
+    assert ("over first tries" in text) == (prior != "flat")  # a flat prior learns no shared rate
