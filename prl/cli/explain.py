@@ -53,7 +53,7 @@ def restore_sampler(cfg, problems, state: dict):
 PRIOR_WORDS = {  # prior -> (where it comes from, whose rate, whose never-tried problems it is drawn with)
     "group": ("from its group", "group", "its group"),
     "pooled": ("from the whole pool", "pool", "the pool"),
-    "flat": ("flat", "pool", "the pool"),  # no label reaches the sampler
+    "flat": ("flat", None, "the pool"),  # no shared rate, and no label reaches the sampler
 }
 
 WEIGHT_WORDS = {"variance": "p(1-p)", "signal": "1 - p^G - (1-p)^G (chance of a signal)"}
