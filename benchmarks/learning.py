@@ -438,13 +438,14 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
 
     tuned = {} if args.task else MODE_UPDATES.get(args.mode, UPDATES)
     extra = {name: [*([f"learner.lr={lrs[name]}"] if name in lrs else []), *([f"{MU}={tuned[name]}"] if name in tuned else []),
-                    *args.set] for name in strategies}
+                    *strategy_overrides(args.set, name)] for name in strategies}
     jobs = [(name, seed, budget, args.eval_every, base, extra[name])
             for seed in range(args.first_seed, args.first_seed + seeds) for name in strategies]
     results: dict[str, list[dict]] = {}
     with tqdm(total=len(jobs), desc="runs", unit="run") as bar:
         for (name, seed, *_), run in finished_runs(jobs, min(args.jobs, len(jobs))):
-            run = {"seed": seed, "lr": lrs.get(name), "updates": updates_per_batch(extra[name]), **run}
+            run = {"seed": seed, "lr": lrs.get(name), "updates": updates_per_batch(extra[name]),
+                   "set": [item for item in strategy_overrides(args.set, name) if not sets_mu(item)], **run}
             run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
             run["final"] = run["smoothed"][-1]
             results.setdefault(name, []).append(run)
@@ -507,8 +508,10 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
     start = statistics.median(r["start"] for runs in results.values() for r in runs)
     mus = {name: runs[0].get("updates", 1) for name, runs in results.items()}
     mu_text = f"; optimizer steps per batch {({n: m for n, m in mus.items() if m != 1})}" if set(mus.values()) != {1} else ""
+    sets = {name: runs[0]["set"] for name, runs in results.items() if runs[0].get("set")}
+    set_text = "; --set " + "; ".join(f"{n}: {' '.join(items)}" for n, items in sets.items()) if sets else ""
     print_table(t, args.targets, budget, f"\n{where}: {details} (start {start:.3f}; trailing mean of {args.smooth}); "
-                f"{lr_text}{mu_text}")
+                f"{lr_text}{mu_text}{set_text}")
     for line in goals(t, args.targets, results):
         print(line)
     print("last evaluation per difficulty, held-out / training pool (medians over seeds):")
@@ -523,8 +526,8 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
     write_json(args, table=t, runs=results)
 
 
-POOLED_SETTINGS = ("mode", "task", "budget", "eval_every", "heldout", "pool", "set")  # must agree to pool runs (and
-# each strategy's learning rate)
+POOLED_SETTINGS = ("mode", "task", "budget", "eval_every", "heldout", "pool")  # must agree to pool runs (and each
+# strategy's learning rate, steps per batch and --set items, which each run records)
 
 
 def file_strategies(item: str) -> tuple[str, list[str] | None]:
@@ -539,13 +542,15 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None) ->
     benchmark's order, or ``only``'s; each seed of a strategy once, each run with its file's commit),
     smoothed with ``smooth``; the first file's arguments; and each pooled strategy's learning
     rate. ``only``: pool these strategies' runs and skip the others. Raises ValueError, naming
-    the file, for a file that is not this benchmark's, a setting, a strategy's learning rate or
-    steps per batch that differs between files, or a seed stored twice."""
+    the file, for a file that is not this benchmark's, a setting, a strategy's learning rate,
+    steps per batch or --set items that differ between files, or a seed stored twice. Strategies
+    may differ from each other in all three (each is reported with its own)."""
     results: dict[str, list[dict]] = {}
     seen: set[tuple[str, int]] = set()
     first: dict | None = None
     rates: dict[str, float | None] = {}
     updates: dict[str, int] = {}
+    overrides: dict[str, list[str]] = {}
     stored_names: set[str] = set()
     for item in paths:
         path, picked = file_strategies(item)
@@ -555,8 +560,8 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None) ->
             stored, runs = data["args"], data["runs"]
             commit = commit_label(data.get("code"))
             first = first or stored
-            for key in POOLED_SETTINGS:  # a run's steps per batch is its own, checked per strategy below
-                if shared_setting(stored, key) != shared_setting(first, key):
+            for key in POOLED_SETTINGS:
+                if stored.get(key) != first.get(key):
                     raise ValueError(f"{key} is {stored.get(key)!r} there and {first.get(key)!r} in {paths[0]}: "
                                      "only runs of the same settings pool")
             file_rates = learning_rates(stored.get("task"), stored.get("lr") or [], stored.get("mode", "default"))
@@ -577,6 +582,11 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None) ->
                     if updates.setdefault(name, mu) != mu:
                         raise ValueError(f"{name} was trained at {mu} optimizer steps per batch there and at "
                                          f"{updates[name]} in an earlier file: only runs of the same settings pool")
+                    items = run.get("set", [i for i in strategy_overrides(stored.get("set") or [], name) if not sets_mu(i)])
+                    if overrides.setdefault(name, items) != items:  # older files: their --set
+                        raise ValueError(f"{name} was trained with --set {' '.join(items) or 'nothing'} there and with "
+                                         f"{' '.join(overrides[name]) or 'nothing'} in an earlier file: only runs of the "
+                                         "same settings pool")
                 for i, run in enumerate(stored_runs):
                     seed = run.get("seed", stored["first_seed"] + i)  # runs are stored seed-major from first_seed
                     if (name, seed) in seen:
@@ -584,7 +594,8 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None) ->
                     seen.add((name, seed))
                     curve = smoothed([a for _, a in run["curve"]], smooth)
                     results.setdefault(name, []).append({**run, "seed": seed, "commit": commit, "smoothed": curve,
-                                                            "final": curve[-1], "updates": updates[name]})
+                                                            "final": curve[-1], "updates": updates[name],
+                                                            "set": overrides[name]})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             reason = (exc if isinstance(exc, ValueError) else f"cannot read it ({exc.strerror or exc})" if isinstance(exc, OSError)
                       else f"not a `prl bench learning --json` file ({type(exc).__name__}: {exc})")
@@ -620,11 +631,22 @@ TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "eval_every",
                   "set", "jobs")  # what --from-json cannot apply: the stored runs were trained with their own
 
 
-def shared_setting(stored: dict, key: str):
-    """A stored file's setting ``key`` as every pooled run must share it: its --set items
-    without the optimizer steps per batch, which each run records (and pooling checks) itself."""
-    value = stored.get(key)
-    return [item for item in value if not sets_mu(item)] if key == "set" and value else value
+def strategy_overrides(items: list[str], name: str) -> list[str]:
+    """The --set items that apply to strategy ``name``: KEY=VALUE ones apply to every strategy,
+    STRATEGY:KEY=VALUE ones to that strategy alone (given as KEY=VALUE)."""
+    picked = []
+    for item in items:
+        key, eq, value = item.partition("=")
+        scope, colon, key = key.rpartition(":")
+        if not colon or scope == name:
+            picked.append(key + eq + value)
+    return picked
+
+
+def scope_errors(items: list[str]) -> list[str]:
+    """The --set STRATEGY:KEY=VALUE items whose STRATEGY is not one of the benchmark's."""
+    return [item for item in items if ":" in item.partition("=")[0]
+            and item.partition("=")[0].rpartition(":")[0] not in STRATEGIES]
 
 
 def sets_mu(item: str) -> bool:
@@ -687,8 +709,9 @@ def main(argv=None) -> int:
                     f"--task the number of problems (default {REAL['pool']}, at most the dataset's {TRAIN})")
     ap.add_argument("--lr", action="append", default=[], metavar="STRATEGY=LR", help="learning rate of one strategy "
                     "(default: LR's tuned rates on the built-in task, the example config's with --task)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run "
-                    "(after the strategy's learning rate)")
+    ap.add_argument("--set", action="append", default=[], metavar="[STRATEGY:]KEY=VALUE", help="config override for every "
+                    "run (after the strategy's learning rate), or with STRATEGY: for that strategy's runs only (so one run "
+                    "compares a setting against baselines without it); each run records the items it took")
     ap.add_argument("--png", help="where the curves go (default docs/bench-learning-curves.png, in large-pool mode "
                     "docs/bench-learning-large-pool-curves.png, with --task docs/bench-learning-TASK-curves.png, so no "
                     "setting overwrites another's figure)")
@@ -736,13 +759,16 @@ def main(argv=None) -> int:
     else:
         pool = args.pool or mode_pool
         base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={pool}"]
+    if scope_errors(args.set):
+        ap.error(f"--set {scope_errors(args.set)[0]}: not a strategy before the ':' (one of {', '.join(STRATEGIES)})")
     try:
         lrs = learning_rates(args.task, args.lr, args.mode)
-        shared = load_config(overrides=[*base, *args.set])  # the settings every run shares, checked before any starts
+        # each strategy's settings, checked before any run starts
+        configs = {name: load_config(overrides=[*base, *strategy_overrides(args.set, name)]) for name in strategies}
     except ValueError as exc:
         ap.error(str(exc))
     scoring = [name for name in strategies if name in LIKELIHOOD]
-    charge = len(train_problems(shared.task)) if scoring else 0
+    charge = max((len(train_problems(configs[name].task)) for name in scoring), default=0)
     if charge >= budget:
         ap.error(f"--budget {budget}: {', '.join(scoring)} first score the {charge:,} training problems, charged as "
                  f"{charge:,} rollouts, which leaves nothing to train on; raise --budget above {charge:,} or shrink --pool")

@@ -116,6 +116,9 @@ def test_a_real_task_pool_that_is_not_a_problem_count_fails_before_any_import(po
 @pytest.mark.parametrize("argv, reason", [
     (["--pool", "abc"], "task.train_per_digit: Input should be a valid list"),
     (["--set", "learner.lr=-1"], "learner.lr"),
+    (["--set", "fulll:scheduler.priority.retest=false"], "--set fulll:scheduler.priority.retest=false: not a strategy "
+     "before the ':'"),
+    (["--strategies", "uniform", "full", "--set", "full:scheduler.priority.weight=odd"], "scheduler.priority.weight"),
     (["--budget", "320", "--strategies", "uniform", "full_likelihood"], "--budget 320: full_likelihood first score the 320 "
      "training problems, charged as 320 rollouts, which leaves nothing to train on"),
 ])
@@ -373,3 +376,41 @@ def test_strategies_not_asked_for_are_not_pooled(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--from-json", f"{a}:priority_flat,greedy", "--png", str(tmp_path / "c.png")])
     assert "cannot read it" in capsys.readouterr().err  # not a strategy list: read as a path
+
+
+def test_a_setting_scoped_to_one_strategy_reaches_its_runs_alone(monkeypatch):
+    """--set STRATEGY:KEY=VALUE changes that strategy's runs and no other's (so one run compares
+    a setting against baselines without it); each run records the items it took."""
+    import benchmarks.learning as learning
+
+    launched = {}
+
+    def fake_runs(jobs, workers):
+        for job in jobs:
+            launched[job[0]] = job[5]
+            yield job, {"curve": [[0, 0.3], [256, 0.3]], "start": 0.3}
+
+    monkeypatch.setattr(learning, "finished_runs", fake_runs)
+    monkeypatch.setattr(learning, "write_json", lambda *a, **k: None)
+    args = learning.argparse.Namespace(first_seed=0, eval_every=256, task=None, mode="default", jobs=1, smooth=1,
+                                       set=["learner.clip_low=0.3", "full:scheduler.priority.retest=false"])
+    runs = learning.run_all(args, [], ["uniform", "full"], 1, 256, {})
+    assert "scheduler.priority.retest=false" in launched["full"] and "learner.clip_low=0.3" in launched["full"]
+    assert not any("retest" in item for item in launched["uniform"]) and "learner.clip_low=0.3" in launched["uniform"]
+    assert runs["full"][0]["set"] == ["learner.clip_low=0.3", "scheduler.priority.retest=false"]
+    assert runs["uniform"][0]["set"] == ["learner.clip_low=0.3"]
+
+
+def test_strategies_with_settings_of_their_own_pool_and_one_strategy_at_two_settings_does_not(tmp_path, capsys):
+    """A file whose --set changed one strategy pools with baselines run without it (each strategy
+    is compared at its own settings, which the table names); the same strategy with and without
+    the setting does not pool."""
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]})
+    b = stored(tmp_path / "b.json", 0, {"full": [[0.1, 0.3]]}, set=["scheduler.priority.retest=false", "learner.updates_per_batch=2"])
+    assert main(["--from-json", a, b, "--png", str(tmp_path / "c.png")]) == 0
+    assert "--set full: scheduler.priority.retest=false" in capsys.readouterr().out
+    c = stored(tmp_path / "c.json", 1, {"full": [[0.1, 0.3]]}, set=["learner.updates_per_batch=2"])
+    with pytest.raises(SystemExit):
+        main(["--from-json", a, b, c])
+    assert (f"--from-json {c}: full was trained with --set nothing there and with scheduler.priority.retest=false in an "
+            "earlier file" in capsys.readouterr().err)
