@@ -445,7 +445,7 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
     with tqdm(total=len(jobs), desc="runs", unit="run") as bar:
         for (name, seed, *_), run in finished_runs(jobs, min(args.jobs, len(jobs))):
             run = {"seed": seed, "lr": lrs.get(name), "updates": updates_per_batch(extra[name]),
-                   "set": [item for item in strategy_overrides(args.set, name) if not sets_mu(item)], **run}
+                   "set": recorded_overrides(args.set, name), **run}
             run["smoothed"] = smoothed([a for _, a in run["curve"]], args.smooth)
             run["final"] = run["smoothed"][-1]
             results.setdefault(name, []).append(run)
@@ -582,8 +582,8 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None) ->
                     if updates.setdefault(name, mu) != mu:
                         raise ValueError(f"{name} was trained at {mu} optimizer steps per batch there and at "
                                          f"{updates[name]} in an earlier file: only runs of the same settings pool")
-                    items = run.get("set", [i for i in strategy_overrides(stored.get("set") or [], name) if not sets_mu(i)])
-                    if overrides.setdefault(name, items) != items:  # older files: their --set
+                    items = run.get("set", recorded_overrides(stored.get("set") or [], name))  # older files: their --set
+                    if overrides.setdefault(name, items) != items:
                         raise ValueError(f"{name} was trained with --set {' '.join(items) or 'nothing'} there and with "
                                          f"{' '.join(overrides[name]) or 'nothing'} in an earlier file: only runs of the "
                                          "same settings pool")
@@ -631,22 +631,24 @@ TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "eval_every",
                   "set", "jobs")  # what --from-json cannot apply: the stored runs were trained with their own
 
 
+def override_scope(item: str) -> tuple[str | None, str]:
+    """A --set item as (the strategy it is scoped to, None for every one; KEY=VALUE): the scope
+    is what precedes a ':' in the key (config keys hold none; values may)."""
+    key, eq, value = item.partition("=")
+    scope, colon, key = key.rpartition(":")
+    return (scope if colon else None), key + eq + value
+
+
 def strategy_overrides(items: list[str], name: str) -> list[str]:
     """The --set items that apply to strategy ``name``: KEY=VALUE ones apply to every strategy,
     STRATEGY:KEY=VALUE ones to that strategy alone (given as KEY=VALUE)."""
-    picked = []
-    for item in items:
-        key, eq, value = item.partition("=")
-        scope, colon, key = key.rpartition(":")
-        if not colon or scope == name:
-            picked.append(key + eq + value)
-    return picked
+    return [item for scope, item in map(override_scope, items) if scope in (None, name)]
 
 
-def scope_errors(items: list[str]) -> list[str]:
-    """The --set STRATEGY:KEY=VALUE items whose STRATEGY is not one of the benchmark's."""
-    return [item for item in items if ":" in item.partition("=")[0]
-            and item.partition("=")[0].rpartition(":")[0] not in STRATEGIES]
+def recorded_overrides(items: list[str], name: str) -> list[str]:
+    """What a run of ``name`` records as its --set: its items without the steps per batch, which
+    it records (and pooling checks) apart."""
+    return [item for item in strategy_overrides(items, name) if not sets_mu(item)]
 
 
 def sets_mu(item: str) -> bool:
@@ -759,8 +761,9 @@ def main(argv=None) -> int:
     else:
         pool = args.pool or mode_pool
         base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={pool}"]
-    if scope_errors(args.set):
-        ap.error(f"--set {scope_errors(args.set)[0]}: not a strategy before the ':' (one of {', '.join(STRATEGIES)})")
+    for item in args.set:
+        if override_scope(item)[0] not in (None, *STRATEGIES):
+            ap.error(f"--set {item}: not a strategy before the ':' (one of {', '.join(STRATEGIES)})")
     try:
         lrs = learning_rates(args.task, args.lr, args.mode)
         # each strategy's settings, checked before any run starts
