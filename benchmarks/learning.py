@@ -323,6 +323,18 @@ def rollouts_ratio(a: list[float | None], b: list[float | None]) -> float:
     return math.nan if math.isinf(ma) and math.isinf(mb) else ma / mb
 
 
+def interval_end(value: float, fmt: str, missed: str | None = None) -> str:
+    """One end of a bootstrap interval as text. For a ratio of rollouts (``missed`` names the
+    strategy whose median is the denominator at the lower end, the numerator at the upper), 0
+    or inf means that strategy's median was beyond the budget in at least the tail's share of
+    the redraws: said so, since "0.00" would read as a measured ratio."""
+    if math.isnan(value):
+        return "-"
+    if missed is not None and (value == 0 or math.isinf(value)):
+        return f"{'0' if value == 0 else 'inf'} ({missed}'s median beyond the budget in 5%+ of redraws)"
+    return format(value, fmt)
+
+
 def median_difference(a: list[float], b: list[float]) -> float:
     return statistics.median(a) - statistics.median(b)
 
@@ -337,9 +349,9 @@ def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None =
     """The issue's goals, each as a line with the figure: label-free priority against uniform,
     shuffled labels against uniform, the full method against filtered uniform (DAPO). With the
     runs (``results``), each figure's 90% bootstrap interval over seeds follows it."""
-    def interval(statistic, a, b, fmt) -> str:
+    def interval(statistic, a, b, fmt, names=(None, None)) -> str:
         lo, hi = bootstrap_interval(statistic, a, b)
-        return f", 90% over seeds {'-' if math.isnan(lo) else format(lo, fmt)} to {'-' if math.isnan(hi) else format(hi, fmt)}"
+        return f", 90% over seeds {interval_end(lo, fmt, names[1])} to {interval_end(hi, fmt, names[0])}"
 
     lines = []
     for target in targets:
@@ -348,7 +360,7 @@ def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None =
             if a not in t or b not in t:
                 continue
             r = None if not (t[a][key] and t[b][key]) else t[a][key] / t[b][key]
-            extra = interval(rollouts_ratio, *([crossing(run, target) for run in results[n]] for n in (a, b)), ".2f") if results else ""
+            extra = interval(rollouts_ratio, *([crossing(run, target) for run in results[n]] for n in (a, b)), ".2f", (a, b)) if results else ""
             lines.append(f"target {target}: {a} / {b} rollouts {'-' if r is None else f'{r:.2f}'}{extra} (goal {goal})")
     for full in ("full", "full_likelihood"):
         if full not in t or "dapo_filter" not in t:

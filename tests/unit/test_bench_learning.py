@@ -78,6 +78,19 @@ def test_goal_lines_with_the_runs_give_each_figure_its_interval_over_seeds():
     assert lines[2].startswith("final accuracy, full - dapo_filter (medians): +4.0 points, 90% over seeds +3.0 to +5.0")
 
 
+def test_an_interval_end_from_a_median_beyond_the_budget_says_so_instead_of_printing_a_ratio():
+    def runs(crossings):
+        return [{"curve": [(0, 0.3)] + ([] if c is None else [(c, 0.4)]), "smoothed": [0.3] + ([] if c is None else [0.4]),
+                 "final": 0.4} for c in crossings]
+    results = {"dapo_filter": runs([900, 1_000, 1_100, None, None]), "full": runs([500, 500, 500, 500, 500])}
+    t = {n: {"rollouts_to_0.4": censored_median([crossing(r, 0.4) for r in v]), "final_median": 0.4} for n, v in results.items()}
+    line = goals(t, [0.4], results)[0]
+    assert line.startswith("target 0.4: full / dapo_filter rollouts 0.45, 90% over seeds "
+                           "0 (dapo_filter's median beyond the budget in 5%+ of redraws) to ")
+    assert "0.00" not in line
+    assert goals(t, [0.4], results)[-1].endswith("+0.0 points, 90% over seeds +0.0 to +0.0 (goal >= +3)")  # a difference of 0 is a figure
+
+
 def test_pool_accuracy_scores_the_latest_checkpoint_on_the_training_pool(tmp_path):
     import torch
 
