@@ -327,7 +327,8 @@ def interval_end(value: float, fmt: str, missed: str | None = None) -> str:
     """One end of a bootstrap interval as text. For a ratio of rollouts (``missed`` names the
     strategy whose median is the denominator at the lower end, the numerator at the upper), 0
     or inf means that strategy's median was beyond the budget in at least the tail's share of
-    the redraws: said so, since "0.00" would read as a measured ratio."""
+    the redraws (5% for the 90% interval the goal lines print): said so, since "0.00" would read
+    as a measured ratio."""
     if math.isnan(value):
         return "-"
     if missed is not None and (value == 0 or math.isinf(value)):
