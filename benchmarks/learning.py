@@ -775,8 +775,12 @@ def main(argv=None) -> int:
         pool = args.pool or mode_pool
         base = SETTINGS + [f"task.heldout_per_digit={args.heldout}", f"task.train_per_digit={pool}"]
     for item in args.set:
-        if override_scope(item)[0] not in (None, *STRATEGIES):
+        scope = override_scope(item)[0]
+        if scope not in (None, *STRATEGIES):
             ap.error(f"--set {item}: not a strategy before the ':' (one of {', '.join(STRATEGIES)})")
+        if scope not in (None, *strategies):
+            ap.error(f"--set {item}: {scope} is not among this run's strategies ({' '.join(strategies)}), so no run "
+                     f"would use it; add it to --strategies or drop the item")
     try:
         lrs = learning_rates(args.task, args.lr, args.mode)
         # each strategy's settings, checked before any run starts

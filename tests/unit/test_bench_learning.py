@@ -132,6 +132,8 @@ def test_a_real_task_pool_that_is_not_a_problem_count_fails_before_any_import(po
     (["--set", "fulll:scheduler.priority.retest=false"], "--set fulll:scheduler.priority.retest=false: not a strategy "
      "before the ':'"),
     (["--strategies", "uniform", "full", "--set", "full:scheduler.priority.weight=odd"], "scheduler.priority.weight"),
+    (["--strategies", "uniform", "--set", "full:scheduler.priority.retest=false"], "--set full:scheduler.priority.retest=false: "
+     "full is not among this run's strategies (uniform), so no run would use it"),
     (["--budget", "320", "--strategies", "uniform", "full_likelihood"], "--budget 320: full_likelihood first score the 320 "
      "training problems, charged as 320 rollouts, which leaves nothing to train on"),
 ])
