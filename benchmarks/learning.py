@@ -346,14 +346,22 @@ GOAL_PAIRS = (("priority_flat", "uniform", "<= 0.7"), ("priority_flat_screen", "
               ("full", "dapo_filter", "<= 0.6"))
 
 
+def interval(statistic, a: list, b: list, fmt: str, names: tuple = (None, None)) -> str:
+    """"LO to HI", the 90% interval over seeds of ``statistic(a, b)``; ``names`` (a's, b's) for a
+    ratio of rollouts, whose ends may come from a median beyond the budget (``interval_end``)."""
+    lo, hi = bootstrap_interval(statistic, a, b)
+    return f"{interval_end(lo, fmt, names[1])} to {interval_end(hi, fmt, names[0])}"
+
+
+def final_difference(a: list[float], b: list[float]) -> float:
+    """Median final accuracy of a over b's, in points."""
+    return 100 * median_difference(a, b)
+
+
 def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None = None) -> list[str]:
     """The issue's goals, each as a line with the figure: label-free priority against uniform,
     shuffled labels against uniform, the full method against filtered uniform (DAPO). With the
     runs (``results``), each figure's 90% bootstrap interval over seeds follows it."""
-    def interval(statistic, a, b, fmt, names=(None, None)) -> str:
-        lo, hi = bootstrap_interval(statistic, a, b)
-        return f", 90% over seeds {interval_end(lo, fmt, names[1])} to {interval_end(hi, fmt, names[0])}"
-
     lines = []
     for target in targets:
         key = f"rollouts_to_{target}"
@@ -361,15 +369,44 @@ def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None =
             if a not in t or b not in t:
                 continue
             r = None if not (t[a][key] and t[b][key]) else t[a][key] / t[b][key]
-            extra = interval(rollouts_ratio, *([crossing(run, target) for run in results[n]] for n in (a, b)), ".2f", (a, b)) if results else ""
+            extra = ""
+            if results:
+                crossings = ([crossing(run, target) for run in results[n]] for n in (a, b))
+                extra = f", 90% over seeds {interval(rollouts_ratio, *crossings, '.2f', (a, b))}"
             lines.append(f"target {target}: {a} / {b} rollouts {'-' if r is None else f'{r:.2f}'}{extra} (goal {goal})")
     for full in ("full", "full_likelihood"):
         if full not in t or "dapo_filter" not in t:
             continue
         diff = 100 * (t[full]["final_median"] - t["dapo_filter"]["final_median"])
-        extra = interval(lambda a, b: 100 * median_difference(a, b), *([run["final"] for run in results[n]] for n in (full, "dapo_filter")),
-                         "+.1f") if results else ""
+        extra = ""
+        if results:
+            finals = ([run["final"] for run in results[n]] for n in (full, "dapo_filter"))
+            extra = f", 90% over seeds {interval(final_difference, *finals, '+.1f')}"
         lines.append(f"final accuracy, {full} - dapo_filter (medians): {diff:+.1f} points{extra} (goal >= +3)")
+    return lines
+
+
+BASELINES = ("uniform", "dapo_filter")
+
+
+def against_baselines(results: dict[str, list[dict]], target: float) -> list[str]:
+    """Every other strategy against both baselines, one line each: its median rollouts to
+    ``target`` as a multiple of uniform's and of DAPO's, and its median final accuracy over DAPO's,
+    each with its 90% interval over seeds (the figures beside the goal lines, for strategies the
+    goals do not name). Nothing without both baselines among the runs."""
+    if not all(b in results for b in BASELINES):
+        return []
+    crossings = {name: [crossing(run, target) for run in runs] for name, runs in results.items()}
+    finals = {name: [run["final"] for run in runs] for name, runs in results.items()}
+    lines = []
+    for name in results:
+        if name in BASELINES:
+            continue
+        ratios = "; ".join(f"{rollouts_ratio(crossings[name], crossings[b]):.2f}x {b} "
+                           f"({interval(rollouts_ratio, crossings[name], crossings[b], '.2f', (name, b))})" for b in BASELINES)
+        over = final_difference(finals[name], finals["dapo_filter"])
+        lines.append(f"  {name:<{NAME}}to {target} {ratios}; final {over:+.1f} points over dapo_filter "
+                     f"({interval(final_difference, finals[name], finals['dapo_filter'], '+.1f')})")
     return lines
 
 
@@ -527,6 +564,9 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
                 f"{lr_text}{mu_text}{set_text}")
     for line in goals(t, args.targets, results):
         print(line)
+    if lines := against_baselines(results, args.targets[0]):
+        print("every strategy against the baselines (medians over seeds; 90% over seeds in brackets):")
+        print("\n".join(lines))
     print("last evaluation per difficulty, held-out / training pool (medians over seeds):")
     for name, runs in results.items():
         print(f"  {name:<{NAME}}{difficulty_cells(runs)}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.learning import (area_under_curve, bootstrap_interval, censored_median, cores, crossing, curves_path,
+from benchmarks.learning import (against_baselines, area_under_curve, bootstrap_interval, censored_median, cores, crossing, curves_path,
                                  difficulty_cells, goals, main, median_difference, pool_accuracy, pool_median, pool_rows,
                                  rollouts_ratio, smoothed, STRATEGIES)
 
@@ -89,6 +89,20 @@ def test_an_interval_end_from_a_median_beyond_the_budget_says_so_instead_of_prin
                            "0 (dapo_filter's median beyond the budget in 5%+ of redraws) to ")
     assert "0.00" not in line
     assert goals(t, [0.4], results)[-1].endswith("+0.0 points, 90% over seeds +0.0 to +0.0 (goal >= +3)")  # a difference of 0 is a figure
+
+
+def test_every_strategy_is_set_against_both_baselines_with_its_intervals():
+    def runs(crossings, finals):
+        return [{"curve": [(0, 0.3), (c, 0.4)], "smoothed": [0.3, 0.4], "final": f} for c, f in zip(crossings, finals)]
+    results = {"uniform": runs([1_000, 1_000, 1_000], [0.40, 0.40, 0.40]),
+               "dapo_filter": runs([2_000, 2_000, 2_000], [0.41, 0.41, 0.41]),
+               "priority_group": runs([500, 500, 500], [0.43, 0.43, 0.43])}
+    lines = against_baselines(results, 0.4)
+    assert len(lines) == 1  # not the baselines themselves
+    assert lines[0].split() == ["priority_group", "to", "0.4", "0.50x", "uniform", "(0.50", "to", "0.50);", "0.25x",
+                                "dapo_filter", "(0.25", "to", "0.25);", "final", "+2.0", "points", "over", "dapo_filter",
+                                "(+2.0", "to", "+2.0)"]
+    assert against_baselines({n: results[n] for n in ("uniform", "priority_group")}, 0.4) == []  # needs both baselines
 
 
 def test_pool_accuracy_scores_the_latest_checkpoint_on_the_training_pool(tmp_path):
