@@ -31,6 +31,13 @@ def signal_probability(p, group_size: int):
     return 1 - p**group_size - (1 - p) ** group_size
 
 
+def pass_at_k(p, k: int):
+    """1 - (1 - p)^k: the chance that at least one of k completions at success rate p solves
+    the problem (pass@k). For k = 8 about 1 from p = 0.3 up to 1 and falling to 0 only as p does:
+    a weight that sets aside the problems never solved and treats every other one alike."""
+    return 1 - (1 - p) ** k
+
+
 def decay_factor(elapsed_versions, half_life_versions: float):
     """0.5 ^ (elapsed / half_life): the weight left on an outcome ``elapsed`` versions old."""
     return 0.5 ** (np.asarray(elapsed_versions) / half_life_versions)

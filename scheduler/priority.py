@@ -18,7 +18,9 @@ with numpy views for vectorised work), not in one Python object per problem.
 - **Priority** p(1-p) (``prl.formulas.bernoulli_variance``), or with ``weight = "signal"``
   the chance that a group of G has a signal, 1 - p^G - (1-p)^G
   (``prl.formulas.signal_probability``): nearly as high at p = 0.8 (0.83) as at 1/2 (0.99), so
-  the sampler keeps training nearly-solved problems instead of concentrating on p = 1/2.
+  the sampler keeps training nearly-solved problems instead of concentrating on p = 1/2; or
+  with ``weight = "solvable"`` the chance that a group solves it at least once, 1 - (1-p)^G
+  (``prl.formulas.pass_at_k``): only problems that look never solved are set aside.
 - **Sampling in proportion to priority** (``gumbel`` mode), whatever the call size and
   history: every choosable problem holds an exponential clock in virtual time; a clock set
   at time t with rate w rings at t + E/w (E ~ Exp(1), ``prl.formulas.exponential_clock``),
@@ -49,7 +51,7 @@ from collections import deque
 
 import numpy as np
 
-from prl.formulas import bernoulli_variance, decay_factor, exponential_clock, signal_probability, success_estimate
+from prl.formulas import bernoulli_variance, decay_factor, exponential_clock, pass_at_k, signal_probability, success_estimate
 from scheduler.snapshot import expect_state
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
@@ -131,9 +133,13 @@ class PrioritySampler:
         return self.weight(success_estimate(s, n, *self.prior(sel)))
 
     def weight(self, p):
-        """A problem's priority from its success estimate p: p(1-p), or the chance that its
-        next group has a signal (``cfg.weight``)."""
-        return signal_probability(p, self.group_size) if self.cfg.weight == "signal" else bernoulli_variance(p)
+        """A problem's priority from its success estimate p (``cfg.weight``): p(1-p), the chance
+        that its next group has a signal, or the chance that it solves the problem at least once."""
+        if self.cfg.weight == "signal":
+            return signal_probability(p, self.group_size)
+        if self.cfg.weight == "solvable":
+            return pass_at_k(p, self.group_size)
+        return bernoulli_variance(p)
 
     def priority(self, i: int) -> float:
         return float(self.priorities(np.asarray([i]))[0])

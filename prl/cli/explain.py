@@ -56,7 +56,8 @@ PRIOR_WORDS = {  # prior -> (where it comes from, whose rate, whose never-tried 
     "flat": ("flat", None, "the pool"),  # no shared rate, and no label reaches the sampler
 }
 
-WEIGHT_WORDS = {"variance": "p(1-p)", "signal": "1 - p^G - (1-p)^G (chance of a signal)"}
+WEIGHT_WORDS = {"variance": "p(1-p)", "signal": "1 - p^G - (1-p)^G (chance of a signal)",
+                "solvable": "1 - (1-p)^G (chance of a solve)"}
 
 
 def why(s, i: int, cfg) -> list[str]:

@@ -17,6 +17,15 @@ def test_success_estimate_and_bernoulli_variance():
     assert f.bernoulli_variance(p) == pytest.approx(((rewards - p) ** 2).mean())  # the mean squared advantage
 
 
+def test_pass_at_k_is_the_share_of_groups_with_a_solve():
+    rng = np.random.default_rng(0)
+    for p in (0.05, 0.5, 0.9):
+        groups = rng.random((40_000, 8)) < p
+        assert f.pass_at_k(p, 8) == pytest.approx(groups.any(1).mean(), abs=0.01)
+    assert f.pass_at_k(0.0, 8) == 0.0 and f.pass_at_k(1.0, 8) == 1.0
+    assert f.pass_at_k(0.3, 8) > 0.94  # flat from p = 0.3 up, an always-solved problem included
+
+
 def test_signal_probability_is_the_share_of_groups_that_are_not_all_equal():
     rng = np.random.default_rng(0)
     for p in (0.05, 0.5, 0.8):

@@ -61,14 +61,29 @@ def test_pooled_problems_are_retested_within_the_stated_bound():
     assert all(199 - last[i] <= bound + interval for i in pooled)
 
 
-@pytest.mark.parametrize("weight,ratio", [("variance", 0.09 / 0.25), ("signal", 0.570 / 0.992)])
+@pytest.mark.parametrize("weight,ratio", [("variance", 0.09 / 0.25), ("signal", 0.570 / 0.992), ("solvable", 1 / 0.996)])
 def test_the_weight_sets_how_a_nearly_solved_problem_ranks_against_a_medium_one(weight, ratio):
     """With a flat Beta(1, 1) prior, 8 of 8 solved reads p = 0.9 and 4 of 8 p = 0.5: p(1-p)
-    weighs the first 0.36 of the second; the chance of a signal in a group of 8, 0.57."""
+    weighs the first 0.36 of the second; the chance of a signal in a group of 8, 0.57; the
+    chance of a solve, as much as the second (both about 1)."""
     s = sampler(n=2, groups=1, prior="flat", retest=False, weight=weight)
     s.observe(0, [1.0] * 8, 0)
     s.observe(1, [1.0, 0.0] * 4, 0)
     assert s.priority(0) / s.priority(1) == pytest.approx(ratio, rel=0.01)
+
+
+def test_the_solvable_weight_sets_aside_a_group_never_solved_and_draws_the_rest_alike():
+    """Under the group prior, after every problem's first group: a group never solved leaves its
+    problems a small fraction of the weight, while always-solved and half-solved problems of the
+    other group weigh alike (p(1-p) or the chance of a signal would set the always-solved aside)."""
+    s = sampler(n=40, groups=2, prior="group", retest=False, unseen_share=0.0, weight="solvable")
+    for i in s.next(40):
+        s.observe(i, [0.0] * 8 if i % 2 == 0 else ([1.0] * 8 if i % 4 == 1 else [1.0, 0.0] * 4), 0)
+    dead, solved, medium = (s.priority(i) for i in (0, 1, 3))
+    assert dead < 0.1 * medium
+    assert solved == pytest.approx(medium, rel=0.01)
+    picks = s.next(20)
+    assert sum(i % 2 == 0 for i in picks) <= 2
 
 
 def test_greedy_order_follows_priority():
