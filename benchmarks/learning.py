@@ -392,8 +392,9 @@ BASELINES = ("uniform", "dapo_filter")
 def against_baselines(results: dict[str, list[dict]], target: float) -> list[str]:
     """Every other strategy against both baselines, one line each: its median rollouts to
     ``target`` as a multiple of uniform's and of DAPO's, and its median final accuracy over DAPO's,
-    each with its 90% interval over seeds (the figures beside the goal lines, for strategies the
-    goals do not name). Nothing without both baselines among the runs."""
+    each with its 90% interval over seeds: for the strategies the goal lines name these repeat
+    some of their figures, for the others they are the only ones printed. Nothing without both
+    baselines among the runs."""
     if not all(b in results for b in BASELINES):
         return []
     crossings = {name: [crossing(run, target) for run in runs] for name, runs in results.items()}
