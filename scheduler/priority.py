@@ -240,11 +240,28 @@ class PrioritySampler:
             self._successes_np[idx] *= factor
             self._attempts_np[idx] *= factor
         self._updated_at_np[idx] = np.maximum(self._updated_at_np[idx], version)
+        self._leave_unseen(idx[(self._last_tested_np[idx] < 0) & (self._state_np[idx] == HEAP)])
         self._count_first_groups(idx, solved, attempts)
         np.add.at(self._successes_np, idx, solved)
         np.add.at(self._attempts_np, idx, attempts)
         self._last_tested_np[idx] = version
         self._route(idx, solved, attempts)
+
+    def _leave_unseen(self, idx) -> None:
+        """Problems with a first result that were never dispatched (a result this sampler did not
+        ask for: an offline replay of a log, a test's setup) are tried now: each leaves its group's
+        never-tried order, swapped with the next one due and passed, so no later pick returns it
+        from there as well as from the heap. The scheduler service observes only its own
+        dispatches, which left that order when they were taken: for them this does nothing."""
+        for i in idx.tolist():
+            g = int(self._group_np[i])
+            order, pos = np.frombuffer(self.unseen_order[g], dtype=np.int32), self.unseen_pos[g]
+            found = np.flatnonzero(order[pos:] == i)
+            if len(found):
+                j = pos + int(found[0])
+                order[j], order[pos] = order[pos], i
+                self.unseen_pos[g] += 1
+                self._arm_unseen(g)  # one fewer never-tried problem: the group's clock rate changed
 
     def _count_first_groups(self, idx, solved, attempts) -> None:
         first = self._last_tested_np[idx] < 0

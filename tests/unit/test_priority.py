@@ -39,6 +39,20 @@ def test_in_flight_problem_never_dispatched_twice(seq, mode, prior, seed):
         s.on_version(version)
 
 
+@pytest.mark.parametrize("prior", ["flat", "group"])
+def test_a_result_for_a_problem_never_dispatched_takes_it_out_of_the_never_tried_ones(prior):
+    """A first result the sampler did not ask for (an offline replay of a log) makes the problem
+    tried: it is drawn from the heap, never again as a never-tried one, so one call cannot
+    return it twice and the pool is still drawn once each."""
+    s = sampler(n=12, groups=3, prior=prior, retest=False)
+    for i in (0, 4, 7):
+        s.observe(i, [1.0, 0.0] * 4, 0)
+    assert s.metrics()["unseen"] == 9
+    picks = s.next(12)
+    assert sorted(picks) == list(range(12))
+    assert s.metrics()["unseen"] == 0 and s.next(1) == []
+
+
 def test_pooled_problems_are_retested_within_the_stated_bound():
     """A pooled problem is queued again within retest_interval * ceil(1/retest_share)
     versions, and the queue is served at retest_cap of the dispatches: it is dispatched again
