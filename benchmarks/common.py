@@ -13,7 +13,13 @@ from prl.cli.parser import count, fraction, natural, positive  # noqa: F401 (the
 @functools.cache
 def code_version() -> dict:
     """The commit the benchmark ran from and whether the work tree differed from it (None for
-    both outside a git checkout), so stored figures name the code that made them."""
+    both outside a git checkout), so stored figures name the code that made them: read once,
+    by `prl bench` as the benchmark starts, so an edit made while it runs is not counted."""
+    return git_state()
+
+
+def git_state() -> dict:
+    """The work tree's commit and whether it differs from it, now."""
     def git(*cmd: str) -> str | None:
         try:
             done = subprocess.run(["git", *cmd], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10)

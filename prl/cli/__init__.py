@@ -77,6 +77,9 @@ def reader_left() -> bool:
 
 def dispatch(args) -> int:
     if args.command == "bench":
+        from benchmarks.common import code_version
+
+        code_version()  # the tree as the benchmark starts (cached): edits made while it runs are not its code
         return importlib.import_module(f"benchmarks.{args.name}").main(args.args)
     if args.command in ("model", "data"):
         from prl.cli import prepare

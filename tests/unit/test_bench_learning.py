@@ -280,6 +280,32 @@ def test_the_code_version_is_read_before_the_results_file_is_rewritten(tmp_path,
     assert json.loads(out.read_text())["figure"] == 1.0
 
 
+def test_a_benchmark_records_the_tree_as_it_started_not_as_edited_while_it_ran(monkeypatch, tmp_path):
+    """`prl bench` reads the code version before the benchmark runs; a results file written
+    after an edit made meanwhile still names the tree the runs came from."""
+    from argparse import Namespace
+
+    from benchmarks import common, learning
+    from prl.cli import main as prl
+
+    edited = []
+    monkeypatch.setattr(common, "git_state", lambda: {"commit": "a" * 40, "dirty": bool(edited)})
+    common.code_version.cache_clear()
+    out = tmp_path / "b.json"
+
+    def benchmark(argv):  # the tree is edited while it runs, before it writes its results
+        edited.append("README.md")
+        common.write_json(Namespace(json=str(out)), figure=1.0)
+        return 0
+
+    monkeypatch.setattr(learning, "main", benchmark)
+    try:
+        assert prl(["bench", "learning"]) == 0
+    finally:
+        common.code_version.cache_clear()
+    assert json.loads(out.read_text())["code"] == {"commit": "a" * 40, "dirty": False}
+
+
 @pytest.mark.slow
 def test_runs_in_parallel_processes_are_stored_as_sequential_ones_are(tmp_path):
     """--jobs 2 runs each seed in its own process: the stored runs are the same strategies and
