@@ -38,7 +38,8 @@ a seed that misses counts as beyond the budget), final accuracy, area under the 
 rollouts curve, groups with signal, zero-signal rollouts, retest and never-dispatched shares,
 distinct problems trained on (how broadly, not only how much), completion length of trained vs
 dropped-as-stale rollouts, and seed paper B's replay figures;
-each goal figure with its 90% bootstrap interval over seeds (how far other seeds could move it);
+each goal figure with its 90% bootstrap interval over seeds (how far other seeds could move it),
+and every other strategy against both baselines at every target, likewise;
 and each run's final policy on its own training pool beside the held-out set, per difficulty
 (how much of what it learned is the pool).
 
@@ -51,7 +52,9 @@ smollm2-chain-sum-cpu.toml, a fresh import and dataset, trained on ``--pool`` pr
 random from its training split, the same draw for every run), fewer seeds and strategies.
 
 ``--from-json A.json B.json ...`` trains nothing: it pools the runs of earlier invocations of
-the same settings (other seeds, other strategies) into one table, goal lines and figure.
+the same settings (other seeds, other strategies) into one table, goal lines and figure;
+``--reference C.json ...`` beside it adds runs on another training pool (the ceiling: the
+learnable problems alone), set against the same baselines but not counted as strategies.
 ``--jobs N`` makes N runs at once, each in its own process (default: one per core).
 """
 
@@ -323,17 +326,23 @@ def rollouts_ratio(a: list[float | None], b: list[float | None]) -> float:
     return math.nan if math.isinf(ma) and math.isinf(mb) else ma / mb
 
 
-def interval_end(value: float, fmt: str, missed: str | None = None) -> str:
-    """One end of a bootstrap interval as text. For a ratio of rollouts (``missed`` names the
-    strategy whose median is the denominator at the lower end, the numerator at the upper), 0
-    or inf means that strategy's median was beyond the budget in at least the tail's share of
-    the redraws (5% for the 90% interval the goal lines print): said so, since "0.00" would read
-    as a measured ratio."""
+def ratio_text(value: float, fmt: str, names: tuple = (None, None), share: str = "") -> str:
+    """A ratio of rollouts as text. For ``names`` (the numerator's strategy, the denominator's),
+    0 means the denominator's median was beyond the budget and inf the numerator's (``share``: in
+    how many of the bootstrap's redraws): said so, since "0.00" would read as a measured ratio."""
     if math.isnan(value):
         return "-"
-    if missed is not None and (value == 0 or math.isinf(value)):
-        return f"{'0' if value == 0 else 'inf'} ({missed}'s median beyond the budget in 5%+ of redraws)"
+    if value == 0 and names[1] is not None:
+        return f"0 ({names[1]}'s median beyond the budget{share})"
+    if math.isinf(value) and names[0] is not None:
+        return f"inf ({names[0]}'s median beyond the budget{share})"
     return format(value, fmt)
+
+
+def interval_end(value: float, fmt: str, names: tuple = (None, None)) -> str:
+    """One end of a bootstrap interval as text (``ratio_text``; 0 or inf there means a median was
+    beyond the budget in at least the tail's share of the redraws: 5% for the 90% interval)."""
+    return ratio_text(value, fmt, names, " in 5%+ of redraws")
 
 
 def median_difference(a: list[float], b: list[float]) -> float:
@@ -350,7 +359,7 @@ def interval(statistic, a: list, b: list, fmt: str, names: tuple = (None, None))
     """"LO to HI", the 90% interval over seeds of ``statistic(a, b)``; ``names`` (a's, b's) for a
     ratio of rollouts, whose ends may come from a median beyond the budget (``interval_end``)."""
     lo, hi = bootstrap_interval(statistic, a, b)
-    return f"{interval_end(lo, fmt, names[1])} to {interval_end(hi, fmt, names[0])}"
+    return f"{interval_end(lo, fmt, names)} to {interval_end(hi, fmt, names)}"
 
 
 def final_difference(a: list[float], b: list[float]) -> float:
@@ -389,25 +398,34 @@ def goals(t: dict, targets: list[float], results: dict[str, list[dict]] | None =
 BASELINES = ("uniform", "dapo_filter")
 
 
-def against_baselines(results: dict[str, list[dict]], target: float) -> list[str]:
+def times(ratio: float, name: str, baseline: str) -> str:
+    """"0.82x uniform", or why there is no such multiple (a median beyond the budget)."""
+    if 0 < ratio < math.inf:
+        return f"{ratio:.2f}x {baseline}"
+    return f"{ratio_text(ratio, '.2f', (name, baseline))} against {baseline}"
+
+
+def against_baselines(results: dict[str, list[dict]], target: float, others: dict[str, list[dict]] | None = None) -> list[str]:
     """Every other strategy against both baselines, one line each: its median rollouts to
     ``target`` as a multiple of uniform's and of DAPO's, and its median final accuracy over DAPO's,
     each with its 90% interval over seeds: for the strategies the goal lines name these repeat
-    some of their figures, for the others they are the only ones printed. Nothing without both
-    baselines among the runs."""
+    some of their figures, for the others they are the only ones printed. ``others``: set these
+    runs against ``results``' baselines instead (``--reference`` runs, of another training pool).
+    Nothing without both baselines among ``results``."""
     if not all(b in results for b in BASELINES):
         return []
-    crossings = {name: [crossing(run, target) for run in runs] for name, runs in results.items()}
-    finals = {name: [run["final"] for run in runs] for name, runs in results.items()}
+    if others is None:
+        others = {name: runs for name, runs in results.items() if name not in BASELINES}
+    crossings = {name: [crossing(run, target) for run in results[name]] for name in BASELINES}
+    finals = {name: [run["final"] for run in results[name]] for name in BASELINES}
     lines = []
-    for name in results:
-        if name in BASELINES:
-            continue
-        ratios = "; ".join(f"{rollouts_ratio(crossings[name], crossings[b]):.2f}x {b} "
-                           f"({interval(rollouts_ratio, crossings[name], crossings[b], '.2f', (name, b))})" for b in BASELINES)
-        over = final_difference(finals[name], finals["dapo_filter"])
+    for name, runs in others.items():
+        reached, final = [crossing(run, target) for run in runs], [run["final"] for run in runs]
+        ratios = "; ".join(f"{times(rollouts_ratio(reached, crossings[b]), name, b)} "
+                           f"({interval(rollouts_ratio, reached, crossings[b], '.2f', (name, b))})" for b in BASELINES)
+        over = final_difference(final, finals["dapo_filter"])
         lines.append(f"  {name:<{NAME}}to {target} {ratios}; final {over:+.1f} points over dapo_filter "
-                     f"({interval(final_difference, finals[name], finals['dapo_filter'], '+.1f')})")
+                     f"({interval(final_difference, final, finals['dapo_filter'], '+.1f')})")
     return lines
 
 
@@ -553,28 +571,43 @@ def setting(task: str | None, pool, heldout) -> str:
     return f"built-in task, tiny model, training pool {pool}, held-out {heldout}/difficulty"
 
 
-def report(args, results: dict[str, list[dict]], budget: int, where: str, details: str, lr_text: str) -> None:
-    """The table, the goal lines, the replay figures, the curves and the JSON of finished runs."""
-    t = table(results, args.targets, budget)
-    start = statistics.median(r["start"] for runs in results.values() for r in runs)
+def steps_and_settings(results: dict[str, list[dict]]) -> str:
+    """"; optimizer steps per batch {...}; --set ...": what the runs were trained with beyond their rates."""
     mus = {name: runs[0].get("updates", 1) for name, runs in results.items()}
     mu_text = f"; optimizer steps per batch {({n: m for n, m in mus.items() if m != 1})}" if set(mus.values()) != {1} else ""
     sets = {name: runs[0]["set"] for name, runs in results.items() if runs[0].get("set")}
-    set_text = "; --set " + "; ".join(f"{n}: {' '.join(items)}" for n, items in sets.items()) if sets else ""
+    return mu_text + ("; --set " + "; ".join(f"{n}: {' '.join(items)}" for n, items in sets.items()) if sets else "")
+
+
+def report(args, results: dict[str, list[dict]], budget: int, where: str, details: str, lr_text: str,
+           reference: tuple[str, dict[str, list[dict]]] | None = None) -> None:
+    """The table, the goal lines, the replay figures, the curves and the JSON of finished runs;
+    ``reference``: (what they are, runs) shown after the goal lines, set against the baselines."""
+    t = table(results, args.targets, budget)
+    start = statistics.median(r["start"] for runs in results.values() for r in runs)
     print_table(t, args.targets, budget, f"\n{where}: {details} (start {start:.3f}; trailing mean of {args.smooth}); "
-                f"{lr_text}{mu_text}{set_text}")
+                f"{lr_text}{steps_and_settings(results)}")
     for line in goals(t, args.targets, results):
         print(line)
-    if lines := against_baselines(results, args.targets[0]):
-        print("every strategy against the baselines (medians over seeds; 90% over seeds in brackets):")
-        print("\n".join(lines))
+    for target in args.targets:
+        if lines := against_baselines(results, target):
+            print(f"every strategy against the baselines at {target} (medians over seeds; 90% over seeds in brackets):")
+            print("\n".join(lines))
+    if reference:
+        where, runs = reference
+        print_table(table(runs, args.targets, budget), args.targets, budget,
+                    f"reference runs, not baselines: {where}{steps_and_settings(runs)}")
+        for target in args.targets:
+            if lines := against_baselines(results, target, runs):
+                print(f"the reference runs against the baselines above at {target}:")
+                print("\n".join(lines))
     print("last evaluation per difficulty, held-out / training pool (medians over seeds):")
     for name, runs in results.items():
         print(f"  {name:<{NAME}}{difficulty_cells(runs)}")
-    print("replay (paper B): " + "; ".join(
-        f"{n} share {r['replay_share']:.2f} clip fresh/replay {r['clip_fresh']:.3f}/"
-        f"{'-' if r['clip_replay'] is None else format(r['clip_replay'], '.3f')}"
-        for n, r in t.items() if r["replay_share"] > 0))
+    if replayed := [n for n, r in t.items() if r["replay_share"] > 0]:
+        print("replay (paper B): " + "; ".join(
+            f"{n} share {t[n]['replay_share']:.2f} clip fresh/replay {t[n]['clip_fresh']:.3f}/"
+            f"{'-' if t[n]['clip_replay'] is None else format(t[n]['clip_replay'], '.3f')}" for n in replayed))
     curves_png(results, args.png, args.targets, f"prl bench learning: {where}", args.smooth)
     print(f"curves: {args.png}")
     write_json(args, table=t, runs=results)
@@ -591,14 +624,16 @@ def file_strategies(item: str) -> tuple[str, list[str] | None]:
     return (path, picked) if path and all(name in STRATEGIES for name in picked) else (item, None)
 
 
-def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None) -> tuple[dict[str, list[dict]], dict, dict[str, float]]:
+def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None,
+                flag: str = "--from-json") -> tuple[dict[str, list[dict]], dict, dict[str, float]]:
     """The runs stored by earlier ``--json`` invocations as one set (strategies in the
     benchmark's order, or ``only``'s; each seed of a strategy once, each run with its file's commit),
     smoothed with ``smooth``; the first file's arguments; and each pooled strategy's learning
     rate. ``only``: pool these strategies' runs and skip the others. Raises ValueError, naming
     the file, for a file that is not this benchmark's, a setting, a strategy's learning rate,
     steps per batch or --set items that differ between files, or a seed stored twice. Strategies
-    may differ from each other in all three (each is reported with its own)."""
+    may differ from each other in all three (each is reported with its own). ``flag``: the option
+    the paths came with, named in those errors."""
     results: dict[str, list[dict]] = {}
     seen: set[tuple[str, int]] = set()
     first: dict | None = None
@@ -653,13 +688,23 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None) ->
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             reason = (exc if isinstance(exc, ValueError) else f"cannot read it ({exc.strerror or exc})" if isinstance(exc, OSError)
                       else f"not a `prl bench learning --json` file ({type(exc).__name__}: {exc})")
-            raise ValueError(f"--from-json {item}: {reason}") from None
+            raise ValueError(f"{flag} {item}: {reason}") from None
     missing = [name for name in only or [] if name not in results]
     if missing:
         raise ValueError(f"--strategies {' '.join(missing)}: not in the stored runs "
                          f"({', '.join(name for name in STRATEGIES if name in stored_names)})")
     order = [name for name in (only or STRATEGIES) if name in results]  # --strategies: in that order
     return {name: results[name] for name in order}, first or {}, {n: rates[n] for n in order if rates[n] is not None}
+
+
+def stored_budget(stored: dict) -> int:
+    """The rollout budget of a stored file's runs (its arguments; unset: its mode's or the real task's)."""
+    return stored.get("budget") or (REAL["budget"] if stored.get("task") else MODES[stored.get("mode", "default")][1])
+
+
+def stored_pool(stored: dict) -> str | None:
+    """The training pool of a stored file's runs (unset: its mode's; with a task, the default draw)."""
+    return stored.get("pool") or (None if stored.get("task") else MODES[stored.get("mode", "default")][2])
 
 
 def commit_label(code: dict | None) -> str:
@@ -778,7 +823,13 @@ def main(argv=None) -> int:
     ap.add_argument("--from-json", nargs="+", metavar="PATH", help="train nothing: pool the runs of earlier --json "
                     "files of the same settings (other seeds or strategies) into one table, goal lines and figure; "
                     "PATH:STRATEGY,... pools only those strategies' runs of that file")
+    ap.add_argument("--reference", nargs="+", metavar="PATH", help="with --from-json: runs of the same task, budget "
+                    "and evaluation on another training pool (e.g. the learnable problems alone, what a perfect "
+                    "dead-problem filter gives), pooled as --from-json pools, shown after the goal lines and set "
+                    "against its baselines; not baselines themselves")
     args = ap.parse_args(argv)
+    if args.reference and not args.from_json:
+        ap.error("--reference sets stored runs against the baselines of --from-json's runs: give --from-json too")
     if args.from_json:
         given = [f"--{k.replace('_', '-')}" for k in TRAINING_FLAGS if getattr(args, k) != ap.get_default(k)]
         if given:
@@ -786,17 +837,26 @@ def main(argv=None) -> int:
                      "settings they were trained with (only --strategies, --smooth, --targets, --png and --json do)")
         try:
             results, stored, rates = pooled_runs(args.from_json, args.smooth, args.strategies)
+            reference = pooled_runs(args.reference, args.smooth, flag="--reference") if args.reference else None
         except ValueError as exc:
             ap.error(str(exc))
-        task, pool = stored.get("task"), stored.get("pool")
-        mode = stored.get("mode", "default")
-        budget = stored.get("budget") or (REAL["budget"] if task else MODES[mode][1])
-        pool = pool or (None if task else MODES[mode][2])
+        task, mode = stored.get("task"), stored.get("mode", "default")
+        budget, pool = stored_budget(stored), stored_pool(stored)
+        if reference:
+            ref_runs, other, other_rates = reference
+            differ = [k for k in ("task", "eval_every", "heldout") if other.get(k) != stored.get(k)]
+            differ += ["budget"] * (stored_budget(other) != budget)
+            if differ:
+                ap.error(f"--reference {args.reference[0]}: {', '.join(differ)} differs from --from-json's runs; "
+                         "a reference differs in its training pool only")
+            ref_seeds = ", ".join(f"{name} {len(runs)}" for name, runs in ref_runs.items())
+            reference = (f"{setting(task, stored_pool(other), other.get('heldout'))}, seeds per strategy: {ref_seeds}; "
+                         f"lr {other_rates or 'from the config'}", ref_runs)
         args.png = args.png or curves_path(task, mode)
         seeds = ", ".join(f"{name} {len(runs)}" for name, runs in results.items())
         report(args, results, budget, setting(task, pool, stored.get("heldout")), f"pooled from {len(args.from_json)} "
                f"files, seeds per strategy: {seeds}; budget {budget:,} rollouts, evaluated every "
-               f"{stored.get('eval_every')} rollouts", f"lr {rates or 'from the config'}")
+               f"{stored.get('eval_every')} rollouts", f"lr {rates or 'from the config'}", reference)
         print(commits_line(results))
         return 0
     args.png = args.png or curves_path(args.task, args.mode)

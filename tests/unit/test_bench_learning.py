@@ -105,6 +105,39 @@ def test_every_strategy_is_set_against_both_baselines_with_its_intervals():
     assert against_baselines({n: results[n] for n in ("uniform", "priority_group")}, 0.4) == []  # needs both baselines
 
 
+def test_runs_on_another_pool_are_shown_as_a_reference_against_the_baselines(tmp_path, capsys):
+    """--reference: runs of another training pool (the ceiling) are printed apart from the
+    strategies and set against the --from-json runs' baselines at every target."""
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2, 0.3, 0.4]] * 3, "dapo_filter": [[0.1, 0.2, 0.2, 0.4]] * 3})
+    ceiling = stored(tmp_path / "c.json", 0, {"uniform": [[0.1, 0.4, 0.4, 0.5]] * 3}, pool="[20,100,0,0]")
+    assert main(["--from-json", a, "--reference", ceiling, "--smooth", "1", "--targets", "0.36", "0.45",
+                 "--png", str(tmp_path / "c.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "reference runs, not baselines: " in printed and "training pool [20,100,0,0]" in printed
+    after = printed.split("the reference runs against the baselines above at 0.36:\n")[1].splitlines()
+    assert after[0].split()[:9] == ["uniform", "to", "0.36", "0.33x", "uniform", "(0.33", "to", "0.33);", "0.33x"]
+    assert "final +10.0 points over dapo_filter" in after[0]
+    beyond = printed.split("the reference runs against the baselines above at 0.45:\n")[1].splitlines()[0]
+    assert beyond.split(";")[0].strip() == (  # the baselines never reach 0.45: no multiple, and each end says why
+        "uniform              to 0.45 0 (uniform's median beyond the budget) against uniform "
+        "(0 (uniform's median beyond the budget in 5%+ of redraws) to 0 (uniform's median beyond the budget in 5%+ of redraws))")
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["--reference", "{c}"], "--reference sets stored runs against the baselines of --from-json's runs: give --from-json too"),
+    (["--from-json", "{a}", "--reference", "{b}"], "--reference {b}: eval_every, budget differs from --from-json's runs"),
+])
+def test_a_reference_that_is_not_the_same_benchmark_on_another_pool_fails_with_one_line(tmp_path, capsys, argv, reason):
+    paths = {"a": stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]}),
+             "b": stored(tmp_path / "b.json", 0, {"uniform": [[0.1, 0.3]]}, eval_every=256, budget=6_000),
+             "c": stored(tmp_path / "c.json", 0, {"uniform": [[0.1, 0.3]]}, pool="[20,100,0,0]")}
+    with pytest.raises(SystemExit) as exit_:
+        main([item.format(**paths) for item in argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert reason.format(**paths) in err and "Traceback" not in err
+
+
 def test_pool_accuracy_scores_the_latest_checkpoint_on_the_training_pool(tmp_path):
     import torch
 
