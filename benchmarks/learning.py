@@ -895,7 +895,8 @@ def main(argv=None) -> int:
                  f"{charge:,} rollouts, which leaves nothing to train on; raise --budget above {charge:,} or shrink --pool")
     results = run_all(args, base, strategies, seeds, budget, lrs)
     report(args, results, budget, setting(args.task, pool, args.heldout), f"{seeds} seeds x {len(results)} strategies, "
-           f"budget {budget:,} rollouts, evaluated every {args.eval_every} rollouts", f"lr {lrs or 'from the config'}")
+           f"budget {budget:,} rollouts, evaluated every {args.eval_every} rollouts",
+           f"lr {({n: lrs[n] for n in results if n in lrs}) or 'from the config'}")
     return 0
 
 

@@ -14,24 +14,33 @@ from scheduler.snapshot import expect_state
 
 
 class UniformSampler:
-    """Every problem not in flight is equally likely."""
+    """Every problem not in flight is equally likely: drawn independently (with replacement), or
+    with ``passes`` in shuffled passes over the pool, each problem once per pass, as a data
+    loader's epochs (one in flight when its turn comes is passed over until the next pass)."""
 
-    def __init__(self, num_problems: int, seed: int = 0):
+    def __init__(self, num_problems: int, seed: int = 0, passes: bool = False):
         self.n = num_problems
+        self.passes = passes
         self.rng = np.random.default_rng(seed)
         self.attempts = np.zeros(num_problems, dtype=np.int32)
         self.successes = np.zeros(num_problems, dtype=np.float32)
         self.retired: set[int] = set()
+        self.order = np.zeros(0, dtype=np.int64)  # the current pass (passes only)
+        self.pos = 0
 
     def next(self, k: int, busy: set[int]) -> list[int]:
         out: list[int] = []
-        if len(busy) >= self.n:
-            return out
         while len(out) < k and len(busy) + len(out) + len(self.retired) < self.n:
-            i = int(self.rng.integers(self.n))
+            i = self._next_in_pass() if self.passes else int(self.rng.integers(self.n))
             if i not in busy and i not in out and i not in self.retired:
                 out.append(i)
         return out
+
+    def _next_in_pass(self) -> int:
+        if self.pos >= len(self.order):
+            self.order, self.pos = self.rng.permutation(self.n), 0
+        self.pos += 1
+        return int(self.order[self.pos - 1])
 
     def observe(self, idx: int, rewards: list[float], version: int) -> None:
         self.observe_many([idx], [sum(r > 0 for r in rewards)], [len(rewards)], version)
@@ -52,13 +61,15 @@ class UniformSampler:
 
     def state_dict(self) -> dict:
         return {"sampler": "uniform", "rng": self.rng.bit_generator.state, "attempts": self.attempts.copy(),
-                "successes": self.successes.copy()}
+                "successes": self.successes.copy(), "pass_order": self.order.copy(), "pass_position": self.pos}
 
     def load_state_dict(self, state: dict) -> None:
         expect_state(state, "uniform", self.n)
         self.rng.bit_generator.state = state["rng"]
         self.attempts[:] = state["attempts"]
         self.successes[:] = state["successes"]
+        self.order = np.asarray(state.get("pass_order", []), dtype=np.int64)  # older snapshots: a new pass
+        self.pos = int(state.get("pass_position", 0))
 
     def metrics(self) -> dict:
         seen = self.attempts > 0
@@ -78,7 +89,7 @@ def make_sampler(cfg, groups, seed: int, group_start=None, group_size: int = 8):
     ``group_start[g]`` group g's starting rate (default 1/2), ``group_size`` the completions
     of a whole group (sampling.group_size)."""
     if cfg.strategy in ("uniform", "dapo_filter"):
-        return UniformSampler(len(groups), seed)
+        return UniformSampler(len(groups), seed, cfg.uniform_passes)
     if cfg.strategy == "success_variance":
         from scheduler.priority import PrioritySampler
 

@@ -355,3 +355,28 @@ def test_explain_words_a_never_tried_problem_as_its_prior_draws_it(prior, says, 
     text = "\n".join(why(s, 0, cfg))
     assert "never tried" in text and says in text and not_says not in text
     assert ("over first tries" in text) == (prior != "flat")  # a flat prior learns no shared rate
+
+
+def test_uniform_passes_draw_each_problem_once_per_pass_and_survive_a_snapshot():
+    """uniform_passes: a data loader's epochs. Each pass holds every problem once (one in flight
+    when its turn comes is passed over), and a sampler restored mid-pass continues the same pass."""
+    s = UniformSampler(10, seed=3, passes=True)
+    first = s.next(6, set())
+    assert len(set(first)) == 6
+    rest = s.next(4, set())
+    assert sorted(first + rest) == list(range(10))  # the first pass, in two calls
+    in_flight = set(rest[:1])  # still in flight as the next pass starts: passed over in it
+    second = s.next(9, in_flight)
+    assert sorted(second) == sorted(set(range(10)) - in_flight)
+    s.next(3, set())  # into the third pass
+    copy = UniformSampler(10, seed=0, passes=True)
+    copy.load_state_dict(s.state_dict())
+    assert copy.next(12, set()) == s.next(12, set())
+
+
+def test_uniform_draws_without_passes_repeat_a_problem_before_the_pool_is_covered():
+    s = UniformSampler(20, seed=1)
+    picks = [i for _ in range(20) for i in s.next(1, set())]
+    assert len(set(picks)) < 20  # with replacement: some problem twice, some not at all
+    p = UniformSampler(20, seed=1, passes=True)
+    assert sorted(i for _ in range(20) for i in p.next(1, set())) == list(range(20))
