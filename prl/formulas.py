@@ -61,6 +61,18 @@ def exponential_clock(now: float, rates, rng: np.random.Generator):
     return now + rng.exponential(size=rates.shape) / rates
 
 
+def periodic_clock(now: float, rates, rng: np.random.Generator):
+    """t = now + (1/2 + U) / w, U ~ Uniform(0, 1): a clock that rings once per period 1/w, at a
+    random point of the middle of its next period. A problem re-armed after each ring is picked
+    in proportion to w, as with ``exponential_clock``, but at evenly spaced times (gaps between
+    1/2 and 3/2 periods, not exponential ones): with equal rates every problem once per pass, as
+    a data loader's shuffled epochs. A float ``rates`` gives a float."""
+    if isinstance(rates, float):
+        return now + (0.5 + rng.random()) / rates
+    rates = np.asarray(rates, dtype=np.float64)
+    return now + (0.5 + rng.random(size=rates.shape)) / rates
+
+
 def rollout_age(learner_version, rollout_version):
     """age = learner version - the policy version that generated the rollout; a rollout
     with age > tau_max is never trained on."""

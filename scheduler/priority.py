@@ -29,7 +29,10 @@ with numpy views for vectorised work), not in one Python object per problem.
   choosable at that moment, however long each has waited; a clock is reset whenever its
   problem's rate changes. A min-heap with lazy invalidation holds the clocks. The m
   never-tried problems of a group share one rate w and so one clock of rate m w (their
-  first ring). ``greedy`` mode pops the highest priority instead.
+  first ring). ``periodic`` mode gives each tried problem a clock that rings once per period
+  1/w instead (``prl.formulas.periodic_clock``): the same shares, at evenly spaced times,
+  so equal priorities draw the pool in shuffled passes. ``greedy`` mode pops the highest
+  priority instead.
 - **Never-tried floor.** At least ``unseen_share`` of the dispatches go to never-tried
   problems while any remain, round-robin over groups: every problem is dispatched within
   pool size / (unseen_share x dispatches per round) rounds, whatever its group's rate.
@@ -51,7 +54,8 @@ from collections import deque
 
 import numpy as np
 
-from prl.formulas import bernoulli_variance, decay_factor, exponential_clock, pass_at_k, signal_probability, success_estimate
+from prl.formulas import (bernoulli_variance, decay_factor, exponential_clock, pass_at_k, periodic_clock, signal_probability,
+                          success_estimate)
 from scheduler.snapshot import expect_state
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
@@ -193,7 +197,7 @@ class PrioritySampler:
                 continue  # stale entry: lazy invalidation
             if ident < 0 and (st != self.group_stamp[-ident - 1] or not self.unseen_left(-ident - 1)):
                 continue
-            if self.cfg.mode == "gumbel":
+            if self.cfg.mode != "greedy":
                 self.now = max(self.now, key)
             out.append(self._take(ident) if ident >= 0 else self._take_unseen(-ident - 1))
         return out
@@ -320,11 +324,16 @@ class PrioritySampler:
                 self.retest_queue.append(i)
 
     # -- clocks ---------------------------------------------------------------------
-    def _keys(self, rates):
+    def _keys(self, rates, shared: bool = False):
         """Heap keys (smallest pops first): the ring time of a fresh clock, or -priority; a
-        float for a float (one clock, no arrays), else an array."""
+        float for a float (one clock, no arrays), else an array. ``shared``: the clock of a
+        group's never-tried problems, exponential in every mode but greedy (m problems share it
+        only because the first of m exponential clocks rings as one of rate m w)."""
         rates = max(rates, MIN_RATE) if isinstance(rates, float) else np.maximum(rates, MIN_RATE)
-        return -rates if self.cfg.mode == "greedy" else exponential_clock(self.now, rates, self.rng)
+        if self.cfg.mode == "greedy":
+            return -rates
+        clock = periodic_clock if self.cfg.mode == "periodic" and not shared else exponential_clock
+        return clock(self.now, rates, self.rng)
 
     def _arm(self, idx: np.ndarray) -> None:
         """(Re)insert problems into the heap with fresh stamps and clocks."""
@@ -351,7 +360,7 @@ class PrioritySampler:
         self.group_stamp[g] += 1
         if m:
             w = self.unseen_w[g]
-            key = self._keys(w if self.cfg.mode == "greedy" else m * w)
+            key = self._keys(w if self.cfg.mode == "greedy" else m * w, shared=True)
             heapq.heappush(self.heap, (key, self.group_stamp[g], -g - 1))
 
     def _compact(self) -> None:

@@ -80,3 +80,16 @@ def test_one_exponential_clock_as_a_float_rings_when_the_array_form_would():
     arrays = [f.exponential_clock(1.5, np.array([0.25]), b)[0] for _ in range(100)]
     assert all(isinstance(t, float) for t in scalar)
     assert scalar == [float(t) for t in arrays]
+
+
+def test_a_periodic_clock_rings_in_the_middle_of_its_next_period():
+    """now + (1/2 + U) / w: between half a period and one and a half after it is set, one period
+    on average; a float rate gives a float, drawn as the array form draws it."""
+    rng = np.random.default_rng(2)
+    rates = np.full(20_000, 4.0)
+    rings = f.periodic_clock(10.0, rates, rng)
+    assert rings.min() >= 10.0 + 0.5 / 4 and rings.max() <= 10.0 + 1.5 / 4
+    assert rings.mean() == pytest.approx(10.0 + 1 / 4, abs=0.002)
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    assert [f.periodic_clock(1.0, 2.0, a) for _ in range(5)] == [float(f.periodic_clock(1.0, np.array([2.0]), b)[0])
+                                                                 for _ in range(5)]

@@ -2,6 +2,7 @@
 
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -236,19 +237,42 @@ def steady_state_picks(s, rates, calls: int, rng) -> tuple[np.ndarray, np.ndarra
     return observed, expected
 
 
-def test_picks_follow_priority_in_steady_state_whatever_the_call_size():
+@pytest.mark.parametrize("mode", ["gumbel", "periodic"])
+def test_picks_follow_priority_in_steady_state_whatever_the_call_size(mode):
     """After a long history, many small calls pick each problem in proportion to its priority
     among the problems choosable then: total-variation distance <= 0.05."""
     rng = np.random.default_rng(0)
     n = 60
     rates = np.linspace(0.02, 0.98, n)
-    s = sampler(n=n, groups=1, prior="flat", retest=False, unseen_share=0.0)
+    s = sampler(n=n, groups=1, prior="flat", retest=False, unseen_share=0.0, mode=mode)
     picks = s.next(n)
     s.observe_many(picks, [round(800 * rates[i]) for i in picks], [800] * n, 0)  # well-known problems
     steady_state_picks(s, rates, 3000, rng)  # history
     observed, expected = steady_state_picks(s, rates, 6000, rng)
     tv = 0.5 * np.abs(observed / observed.sum() - expected / expected.sum()).sum()
     assert tv <= 0.05, tv
+
+
+def test_periodic_clocks_draw_equal_priorities_in_passes_where_exponential_ones_do_not():
+    """Twenty problems of equal priority, one pick at a time, each result back at once: with
+    periodic clocks every problem comes back after about 1/2 to 3/2 of a pass (10 to 30 picks,
+    give or take the other clocks' jitter), as in a data loader's shuffled epochs; exponential
+    clocks leave some waiting five passes and more."""
+    gaps = {}
+    for mode in ("periodic", "gumbel"):
+        s = sampler(n=20, groups=1, prior="flat", retest=False, mode=mode)
+        last, gaps[mode] = {}, []
+        for t in range(2_000):
+            (i,) = s.next(1)
+            if i in last:
+                gaps[mode].append(t - last[i])
+            last[i] = t
+            s.observe(i, [1.0, 0.0] * 4, 0)  # p stays at 1/2: every priority alike
+        gaps[mode] = gaps[mode][100:]  # once every problem has been tried
+    low, high = np.percentile(gaps["periodic"], [1, 99])
+    assert 6 <= low and high <= 34 and max(gaps["periodic"]) <= 40
+    assert statistics.mean(gaps["periodic"]) == pytest.approx(20, rel=0.02)
+    assert max(gaps["gumbel"]) > 100
 
 
 def test_retests_take_at_most_their_cap_of_dispatches():
