@@ -858,6 +858,8 @@ def main(argv=None) -> int:
                f"files, seeds per strategy: {seeds}; budget {budget:,} rollouts, evaluated every "
                f"{stored.get('eval_every')} rollouts", f"lr {rates or 'from the config'}", reference)
         print(commits_line(results))
+        if reference:
+            print("reference runs' " + commits_line(reference[1]))
         return 0
     args.png = args.png or curves_path(args.task, args.mode)
     quiet_console()

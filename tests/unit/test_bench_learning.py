@@ -117,6 +117,7 @@ def test_runs_on_another_pool_are_shown_as_a_reference_against_the_baselines(tmp
     after = printed.split("the reference runs against the baselines above at 0.36:\n")[1].splitlines()
     assert after[0].split()[:9] == ["uniform", "to", "0.36", "0.33x", "uniform", "(0.33", "to", "0.33);", "0.33x"]
     assert "final +10.0 points over dapo_filter" in after[0]
+    assert "reference runs' code: unrecorded (3 runs)" in printed
     beyond = printed.split("the reference runs against the baselines above at 0.45:\n")[1].splitlines()[0]
     assert beyond.split(";")[0].strip() == (  # the baselines never reach 0.45: no multiple, and each end says why
         "uniform              to 0.45 0 (uniform's median beyond the budget) against uniform "
