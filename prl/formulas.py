@@ -62,11 +62,11 @@ def exponential_clock(now: float, rates, rng: np.random.Generator):
 
 
 def periodic_clock(now: float, rates, rng: np.random.Generator):
-    """t = now + (1/2 + U) / w, U ~ Uniform(0, 1): a clock that rings once per period 1/w, at a
-    random point of the middle of its next period. A problem re-armed after each ring is picked
-    in proportion to w, as with ``exponential_clock``, but at evenly spaced times (gaps between
-    1/2 and 3/2 periods, not exponential ones): with equal rates every problem once per pass, as
-    a data loader's shuffled epochs. A float ``rates`` gives a float."""
+    """t = now + (1/2 + U) / w, U ~ Uniform(0, 1): a clock of period 1/w that rings between half
+    a period and one and a half after it is set, one period on average. A problem re-armed after
+    each ring is picked in proportion to w, as with ``exponential_clock``, but at evenly spaced
+    times (not exponential gaps): with equal rates every problem about once per pass, as in a
+    data loader's shuffled epochs. A float ``rates`` gives a float."""
     if isinstance(rates, float):
         return now + (0.5 + rng.random()) / rates
     rates = np.asarray(rates, dtype=np.float64)
