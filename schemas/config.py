@@ -203,6 +203,11 @@ class Config(Section):
         if self.producer.drop_zero_signal_completions and not self.filters_zero_variance:
             raise ValueError("producer.drop_zero_signal_completions needs the zero-variance filter "
                              "(scheduler.filter_zero_variance), or the scheduler would train groups without completions")
+        priority = self.scheduler.priority
+        if priority.mode == "periodic" and priority.half_life_versions > 0:
+            raise ValueError("scheduler.priority.mode = 'periodic' cannot take half_life_versions > 0: decay resets "
+                             "every clock at each version, which would restart a periodic clock's period and put its "
+                             "problem off; use mode = 'gumbel' with decay (its clocks do not remember), or no decay")
         if self.scheduler.priority.groups_path and self.scheduler.priority.prior != "group":
             raise ValueError("scheduler.priority.groups_path needs scheduler.priority.prior = 'group' (the groups are "
                              "the group prior's)")

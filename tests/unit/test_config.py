@@ -39,6 +39,13 @@ def test_rewards_only_groups_need_the_zero_variance_filter():
     assert load_config(overrides=["producer.drop_zero_signal_completions=true"]).producer.drop_zero_signal_completions
 
 
+def test_periodic_clocks_refuse_decay_which_would_reset_them_every_version():
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides=["scheduler.priority.mode='periodic'", "scheduler.priority.half_life_versions=20"])
+    assert "scheduler.priority.mode = 'periodic' cannot take half_life_versions > 0" in str(exc.value)
+    assert load_config(overrides=["scheduler.priority.mode='periodic'"]).scheduler.priority.mode == "periodic"
+
+
 def test_toml_file(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[learner]\nlr = 2e-5\n[transport]\ntype = "kafka"\n[transport.kafka]\nbootstrap_servers = "k:9092"\n')
