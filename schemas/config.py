@@ -105,6 +105,14 @@ class PriorityConfig(Section):
     retest_cap: float = Field(0.2, ge=0, le=1, description="Retests take at most this share of all dispatches (more only when nothing else is choosable).")
     unseen_share: float = Field(0.1, ge=0, le=1, description="At least this share of dispatches goes to never-tried problems while any remain, round-robin over groups (no problem starves).")
 
+    @model_validator(mode="after")
+    def _periodic_without_decay(self) -> "PriorityConfig":
+        if self.mode == "periodic" and self.half_life_versions > 0:
+            raise ValueError("mode = 'periodic' cannot take half_life_versions > 0: decay resets "
+                             "every clock at each version, which would restart a periodic clock's period and put its "
+                             "problem off; use mode = 'gumbel' with decay (its clocks do not remember), or no decay")
+        return self
+
 
 class ReplayConfig(Section):
     """Rollout-level advantage-prioritized replay (scheduler/replay.py); defaults are those a public
@@ -203,11 +211,6 @@ class Config(Section):
         if self.producer.drop_zero_signal_completions and not self.filters_zero_variance:
             raise ValueError("producer.drop_zero_signal_completions needs the zero-variance filter "
                              "(scheduler.filter_zero_variance), or the scheduler would train groups without completions")
-        priority = self.scheduler.priority
-        if priority.mode == "periodic" and priority.half_life_versions > 0:
-            raise ValueError("scheduler.priority.mode = 'periodic' cannot take half_life_versions > 0: decay resets "
-                             "every clock at each version, which would restart a periodic clock's period and put its "
-                             "problem off; use mode = 'gumbel' with decay (its clocks do not remember), or no decay")
         if self.scheduler.priority.groups_path and self.scheduler.priority.prior != "group":
             raise ValueError("scheduler.priority.groups_path needs scheduler.priority.prior = 'group' (the groups are "
                              "the group prior's)")

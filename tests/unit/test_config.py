@@ -42,7 +42,7 @@ def test_rewards_only_groups_need_the_zero_variance_filter():
 def test_periodic_clocks_refuse_decay_which_would_reset_them_every_version():
     with pytest.raises(ConfigError) as exc:
         load_config(overrides=["scheduler.priority.mode='periodic'", "scheduler.priority.half_life_versions=20"])
-    assert "scheduler.priority.mode = 'periodic' cannot take half_life_versions > 0" in str(exc.value)
+    assert "scheduler.priority: mode = 'periodic' cannot take half_life_versions > 0" in str(exc.value)
     assert load_config(overrides=["scheduler.priority.mode='periodic'"]).scheduler.priority.mode == "periodic"
 
 
