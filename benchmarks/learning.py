@@ -5,6 +5,7 @@ Strategies (all through the same scheduler, replay and learner):
 - ``uniform``: uniform problem choice, every group trained (the GRPO baseline);
 - ``dapo_filter``: uniform choice with DAPO's zero-variance filter and dynamic sampling
   (generates until a batch is full of groups with a signal): the strongest cheap baseline;
+  both draw the pool in shuffled passes, as a data loader does (``BASELINE_SETS``);
 - ``priority_flat``: problem priority p(1-p) with a flat prior: no labels at all, on a training
   pool small enough to be revisited several times within the budget (the seed method);
 - ``priority_pooled``: the same with the pooled prior: still no label, an unseen problem starts
@@ -95,6 +96,10 @@ STRATEGIES = {
     "priority_flat_screen": ["scheduler.strategy='success_variance'", "scheduler.priority.prior='flat'", NO_REPLAY, SCREEN],
     "dapo_screen": ["scheduler.strategy='dapo_filter'", NO_REPLAY, SCREEN],
 }
+# The baselines draw the pool as a data loader does, in shuffled passes: the stronger of the two ways
+# measured (benchmarks/RESULTS.md, "Baselines that draw the pool in passes"). Given as --set items,
+# so each run records them and runs made before, with independent draws, do not pool with these.
+BASELINE_SETS = ["uniform:scheduler.uniform_passes=true", "dapo_filter:scheduler.uniform_passes=true"]
 LIKELIHOOD = {"priority_likelihood", "full_likelihood"}  # groups from the starting policy's answer likelihoods
 LIKELIHOOD_BINS = 8
 NAME = max(map(len, STRATEGIES)) + 1  # the strategy column of the printed tables: the longest name and a space
@@ -868,6 +873,7 @@ def main(argv=None) -> int:
         seeds, budget, mode_strategies = REAL["seeds"], REAL["budget"], REAL["strategies"]
     seeds, budget = args.seeds or seeds, args.budget or budget
     strategies = args.strategies or mode_strategies
+    args.set = [*(item for item in BASELINE_SETS if override_scope(item)[0] in strategies), *args.set]
     if args.task:
         pool = args.pool or str(REAL["pool"])
         if not pool.isdigit() or not 1 <= int(pool) <= TRAIN:

@@ -433,6 +433,32 @@ def test_each_strategy_trains_at_the_optimizer_steps_per_batch_tuned_for_its_poo
     assert runs["uniform"][0]["updates"] == 1 and runs["dapo_filter"][0]["updates"] == learning.MODE_UPDATES["large-pool"]["dapo_filter"] == 2
 
 
+def test_the_baselines_draw_the_pool_in_passes_and_their_runs_record_it(tmp_path, monkeypatch):
+    """uniform and DAPO run with scheduler.uniform_passes (a data loader's epochs, the stronger
+    baselines), recorded as a --set item so they never pool with runs of independent draws; the
+    priorities do not take it, and --set can still turn it off."""
+    import benchmarks.learning as learning
+
+    launched, stored = {}, {}
+
+    def fake_runs(jobs, workers):
+        for job in jobs:
+            launched[job[0]] = job[5]
+            yield job, {"curve": [[0, 0.3], [256, 0.3]], "start": 0.3}
+
+    monkeypatch.setattr(learning, "finished_runs", fake_runs)
+    monkeypatch.setattr(learning, "report", lambda args, results, *rest: stored.update(results))
+    assert main(["--budget", "256", "--seeds", "1", "--strategies", "uniform", "dapo_filter", "priority_flat",
+                 "--png", str(tmp_path / "c.png")]) == 0
+    for name in ("uniform", "dapo_filter"):
+        assert "scheduler.uniform_passes=true" in launched[name]
+        assert stored[name][0]["set"] == ["scheduler.uniform_passes=true"]
+    assert not any("uniform_passes" in item for item in launched["priority_flat"]) and stored["priority_flat"][0]["set"] == []
+    assert main(["--budget", "256", "--seeds", "1", "--strategies", "uniform", "--set",
+                 "uniform:scheduler.uniform_passes=false", "--png", str(tmp_path / "c.png")]) == 0
+    assert launched["uniform"][-1] == "scheduler.uniform_passes=false"  # the later item wins
+
+
 def test_stored_runs_pool_only_at_the_same_optimizer_steps_per_batch(tmp_path, capsys):
     """A file whose --set gave two steps per batch pools with others of the same settings (the
     item is the run's own, not a shared setting) and the table says so; one strategy at two
