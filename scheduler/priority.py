@@ -244,7 +244,6 @@ class PrioritySampler:
             self._successes_np[idx] *= factor
             self._attempts_np[idx] *= factor
         self._updated_at_np[idx] = np.maximum(self._updated_at_np[idx], version)
-        self._leave_unseen(idx[(self._last_tested_np[idx] < 0) & (self._state_np[idx] == HEAP)])
         self._count_first_groups(idx, solved, attempts)
         np.add.at(self._successes_np, idx, solved)
         np.add.at(self._attempts_np, idx, attempts)
@@ -268,8 +267,11 @@ class PrioritySampler:
                 self._arm_unseen(g)  # one fewer never-tried problem: the group's clock rate changed
 
     def _count_first_groups(self, idx, solved, attempts) -> None:
+        """First results: counted in their group's first-visit rate (a problem's first result not
+        asked for by a dispatch also takes it out of the never-tried order, ``_leave_unseen``)."""
         first = self._last_tested_np[idx] < 0
         if first.any():
+            self._leave_unseen(idx[first & (self._state_np[idx] == HEAP)])
             groups = self._group_np[idx[first]]
             self.group_successes += np.bincount(groups, solved[first], self.num_groups)
             self.group_attempts += np.bincount(groups, attempts[first], self.num_groups)
