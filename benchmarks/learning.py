@@ -603,9 +603,9 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
             print(f"every strategy against the baselines at {target} (medians over seeds; 90% over seeds in brackets):")
             print("\n".join(lines))
     if reference:
-        where, runs = reference
+        ref_where, runs = reference
         print_table(table(runs, args.targets, budget), args.targets, budget,
-                    f"reference runs, not baselines: {where}{steps_and_settings(runs)}")
+                    f"reference runs, not baselines: {ref_where}{steps_and_settings(runs)}")
         for target in args.targets:
             if lines := against_baselines(results, target, runs):
                 print(f"the reference runs against the baselines above at {target}:")

@@ -105,9 +105,14 @@ def test_every_strategy_is_set_against_both_baselines_with_its_intervals():
     assert against_baselines({n: results[n] for n in ("uniform", "priority_group")}, 0.4) == []  # needs both baselines
 
 
-def test_runs_on_another_pool_are_shown_as_a_reference_against_the_baselines(tmp_path, capsys):
+def test_runs_on_another_pool_are_shown_as_a_reference_against_the_baselines(tmp_path, capsys, monkeypatch):
     """--reference: runs of another training pool (the ceiling) are printed apart from the
-    strategies and set against the --from-json runs' baselines at every target."""
+    strategies and set against the --from-json runs' baselines at every target; the figure, which
+    draws the --from-json runs, is titled with their setting."""
+    import benchmarks.learning
+
+    titles = []
+    monkeypatch.setattr(benchmarks.learning, "curves_png", lambda results, out, targets, title, smooth: titles.append(title))
     a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2, 0.3, 0.4]] * 3, "dapo_filter": [[0.1, 0.2, 0.2, 0.4]] * 3})
     ceiling = stored(tmp_path / "c.json", 0, {"uniform": [[0.1, 0.4, 0.4, 0.5]] * 3}, pool="[20,100,0,0]")
     assert main(["--from-json", a, "--reference", ceiling, "--smooth", "1", "--targets", "0.36", "0.45",
@@ -118,6 +123,7 @@ def test_runs_on_another_pool_are_shown_as_a_reference_against_the_baselines(tmp
     assert after[0].split()[:9] == ["uniform", "to", "0.36", "0.33x", "uniform", "(0.33", "to", "0.33);", "0.33x"]
     assert "final +10.0 points over dapo_filter" in after[0]
     assert "reference runs' code: unrecorded (3 runs)" in printed
+    assert len(titles) == 1 and "[20,100,0,0]" not in titles[0] and "seeds per strategy" not in titles[0]
     beyond = printed.split("the reference runs against the baselines above at 0.45:\n")[1].splitlines()[0]
     assert beyond.split(";")[0].strip() == (  # the baselines never reach 0.45: no multiple, and each end says why
         "uniform              to 0.45 0 (uniform's median beyond the budget) against uniform "
