@@ -214,6 +214,22 @@ def test_a_real_task_run_draws_its_curves_beside_the_built_in_figure_not_over_it
     assert curves_path("chain_sum") == "docs/bench-learning-chain_sum-curves.png"
 
 
+def untrained_runs(monkeypatch, key=lambda name, seed: name) -> dict:
+    """The benchmark's runs replaced by a flat curve, none trained: returns, per ``key(strategy,
+    seed)``, the config overrides each run was launched with."""
+    import benchmarks.learning as learning
+
+    launched = {}
+
+    def fake_runs(jobs, workers):
+        for job in jobs:
+            launched[key(job[0], job[1])] = job[5]
+            yield job, {"curve": [[0, 0.3], [256, 0.3]], "start": 0.3}
+
+    monkeypatch.setattr(learning, "finished_runs", fake_runs)
+    return launched
+
+
 def stored(path, first_seed, curves: dict[str, list[list[float]]], code=None, **args):
     """A file as `prl bench learning --json` writes it, for runs with these accuracy curves
     (``code``: the commit it records; files from before benchmarks recorded one have none)."""
@@ -418,14 +434,7 @@ def test_each_strategy_trains_at_the_optimizer_steps_per_batch_tuned_for_its_poo
     wins), MODE_UPDATES on the large pool (there uniform takes one); each run records what it used."""
     import benchmarks.learning as learning
 
-    launched = {}
-
-    def fake_runs(jobs, workers):
-        for job in jobs:
-            launched[(job[0], job[1])] = job[5]
-            yield job, {"curve": [[0, 0.3], [256, 0.3]], "start": 0.3}
-
-    monkeypatch.setattr(learning, "finished_runs", fake_runs)
+    launched = untrained_runs(monkeypatch, key=lambda name, seed: (name, seed))
     monkeypatch.setattr(learning, "write_json", lambda *a, **k: None)
     args = learning.argparse.Namespace(first_seed=0, eval_every=256, set=[], task=None, mode="default", jobs=1, smooth=1)
     runs = learning.run_all(args, [], ["uniform", "priority_flat"], 1, 256, {})
@@ -445,14 +454,7 @@ def test_the_baselines_draw_the_pool_in_passes_and_their_runs_record_it(tmp_path
     priorities do not take it, and --set can still turn it off."""
     import benchmarks.learning as learning
 
-    launched, stored = {}, {}
-
-    def fake_runs(jobs, workers):
-        for job in jobs:
-            launched[job[0]] = job[5]
-            yield job, {"curve": [[0, 0.3], [256, 0.3]], "start": 0.3}
-
-    monkeypatch.setattr(learning, "finished_runs", fake_runs)
+    launched, stored = untrained_runs(monkeypatch), {}
     monkeypatch.setattr(learning, "report", lambda args, results, *rest: stored.update(results))
     assert main(["--budget", "256", "--seeds", "1", "--strategies", "uniform", "dapo_filter", "priority_flat",
                  "--png", str(tmp_path / "c.png")]) == 0
@@ -504,14 +506,7 @@ def test_a_setting_scoped_to_one_strategy_reaches_its_runs_alone(monkeypatch):
     a setting against baselines without it); each run records the items it took."""
     import benchmarks.learning as learning
 
-    launched = {}
-
-    def fake_runs(jobs, workers):
-        for job in jobs:
-            launched[job[0]] = job[5]
-            yield job, {"curve": [[0, 0.3], [256, 0.3]], "start": 0.3}
-
-    monkeypatch.setattr(learning, "finished_runs", fake_runs)
+    launched = untrained_runs(monkeypatch)
     monkeypatch.setattr(learning, "write_json", lambda *a, **k: None)
     args = learning.argparse.Namespace(first_seed=0, eval_every=256, task=None, mode="default", jobs=1, smooth=1,
                                        set=["learner.clip_low=0.3", "full:scheduler.priority.retest=false"])
