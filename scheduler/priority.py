@@ -20,7 +20,8 @@ with numpy views for vectorised work), not in one Python object per problem.
   (``prl.formulas.signal_probability``): nearly as high at p = 0.8 (0.83) as at 1/2 (0.99), so
   the sampler keeps training nearly-solved problems instead of concentrating on p = 1/2; or
   with ``weight = "solvable"`` the chance that a group solves it at least once, 1 - (1-p)^G
-  (``prl.formulas.pass_at_k``): only problems that look never solved are set aside.
+  (``prl.formulas.pass_at_k``): only problems that look never solved are set aside; over
+  ``solvable_groups`` = n groups, 1 - (1-p)^(nG), every problem that may be solved weighs alike.
 - **Sampling in proportion to priority** (``gumbel`` mode), whatever the call size and
   history: every choosable problem holds an exponential clock in virtual time; a clock set
   at time t with rate w rings at t + E/w (E ~ Exp(1), ``prl.formulas.exponential_clock``),
@@ -138,11 +139,12 @@ class PrioritySampler:
 
     def weight(self, p):
         """A problem's priority from its success estimate p (``cfg.weight``): p(1-p), the chance
-        that its next group has a signal, or the chance that it solves the problem at least once."""
+        that its next group has a signal, or the chance that its next ``solvable_groups`` groups solve
+        the problem at least once."""
         if self.cfg.weight == "signal":
             return signal_probability(p, self.group_size)
         if self.cfg.weight == "solvable":
-            return pass_at_k(p, self.group_size)
+            return pass_at_k(p, self.cfg.solvable_groups * self.group_size)
         return bernoulli_variance(p)
 
     def priority(self, i: int) -> float:

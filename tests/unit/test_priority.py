@@ -101,6 +101,23 @@ def test_the_solvable_weight_sets_aside_a_group_never_solved_and_draws_the_rest_
     assert sum(i % 2 == 0 for i in picks) <= 2
 
 
+def test_solvable_over_more_groups_weighs_a_rarely_solved_problem_as_an_often_solved_one():
+    """pass@G weighs a problem solved 1 time in 10 about half as much as one solved every other
+    time (0.57 against 1.00 at G = 8); judged over 5 groups (pass@40) the two weigh alike, and a
+    problem that looks never solved stays set aside either way."""
+    def weights(n):
+        s = sampler(n=3, groups=1, prior="flat", alpha=0.001, beta=0.001, retest=False, weight="solvable", solvable_groups=n)
+        for i, solved in enumerate((0, 8, 40)):
+            s.observe(i, [1.0] * solved + [0.0] * (80 - solved), 0)
+        return [s.priority(i) for i in range(3)]
+
+    never, rare, often = weights(1)
+    assert rare / often == pytest.approx(1 - 0.9 ** 8, abs=0.01)
+    never, rare, often = weights(5)
+    assert rare / often > 0.98
+    assert never < 1e-3 * often
+
+
 def test_greedy_order_follows_priority():
     s = sampler(n=30, groups=1, mode="greedy", prior="flat", retest=False)
     first = s.next(30)
