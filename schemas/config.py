@@ -107,11 +107,14 @@ class PriorityConfig(Section):
     unseen_share: float = Field(0.1, ge=0, le=1, description="At least this share of dispatches goes to never-tried problems while any remain, round-robin over groups (no problem starves).")
 
     @model_validator(mode="after")
-    def _periodic_without_decay(self) -> "PriorityConfig":
+    def _settings_that_act_together(self) -> "PriorityConfig":
         if self.mode == "periodic" and self.half_life_versions > 0:
             raise ValueError("mode = 'periodic' cannot take half_life_versions > 0: decay resets "
                              "every clock at each version, which would restart a periodic clock's period and put its "
                              "problem off; use mode = 'gumbel' with decay (its clocks do not remember), or no decay")
+        if self.solvable_groups != 1 and self.weight != "solvable":
+            raise ValueError(f"solvable_groups = {self.solvable_groups} acts only with weight = 'solvable' "
+                             f"(weight is {self.weight!r}); set weight = 'solvable' or leave solvable_groups at 1")
         return self
 
 

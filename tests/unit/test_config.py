@@ -46,6 +46,14 @@ def test_periodic_clocks_refuse_decay_which_would_reset_them_every_version():
     assert load_config(overrides=["scheduler.priority.mode='periodic'"]).scheduler.priority.mode == "periodic"
 
 
+def test_solvable_groups_without_the_solvable_weight_is_refused_not_ignored():
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides=["scheduler.priority.solvable_groups=5"])
+    assert "solvable_groups = 5 acts only with weight = 'solvable'" in str(exc.value)
+    cfg = load_config(overrides=["scheduler.priority.weight='solvable'", "scheduler.priority.solvable_groups=5"])
+    assert cfg.scheduler.priority.solvable_groups == 5
+
+
 def test_toml_file(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[learner]\nlr = 2e-5\n[transport]\ntype = "kafka"\n[transport.kafka]\nbootstrap_servers = "k:9092"\n')
