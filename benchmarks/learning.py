@@ -453,8 +453,11 @@ def print_table(t: dict, targets: list[float], budget: int, header: str) -> None
               f"{r['steps']:>8.0f}{'-' if r.get('problems_trained') is None else format(r['problems_trained'], '.0f'):>8}")
 
 
-def curves_png(results: dict, out: str, targets: list[float], title: str, smooth: int) -> None:
-    """Every seed's smoothed curve (thin) and the median over seeds (thick), per strategy."""
+def curves_png(results: dict, out: str, targets: list[float], title: str, smooth: int,
+               reference: dict | None = None) -> None:
+    """Every seed's smoothed curve (thin) and the median over seeds (thick), per strategy; the
+    ``reference`` runs' medians dashed (another pool or setting, e.g. the ceiling), their seeds
+    not drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -463,15 +466,21 @@ def curves_png(results: dict, out: str, targets: list[float], title: str, smooth
     from prl.plots import save_png
 
     fig, ax = plt.subplots(figsize=(10, 5.5))
-    end = max(run["curve"][-1][0] for runs in results.values() for run in runs)
+    reference = reference or {}
+    end = max(run["curve"][-1][0] for group in (results, reference) for runs in group.values() for run in runs)
     grid = np.linspace(0, end, 200)
+
+    def median(runs):
+        return np.median([np.interp(grid, [x for x, _ in r["curve"]], r["smoothed"]) for r in runs], axis=0)
+
     for i, (name, runs) in enumerate(results.items()):
         color = f"C{i}"
         for run in runs:
             ax.plot([x for x, _ in run["curve"]], run["smoothed"], "-", color=color, lw=0.6, alpha=0.3)
-        median = np.median([np.interp(grid, [x for x, _ in r["curve"]], r["smoothed"]) for r in runs], axis=0)
-        ax.plot(grid, median, "-", color=color, lw=2.4 if name in ("full", "dapo_filter") else 1.4,
+        ax.plot(grid, median(runs), "-", color=color, lw=2.4 if name in ("full", "dapo_filter") else 1.4,
                 label=f"{name} (median of {len(runs)})")
+    for i, (name, runs) in enumerate(reference.items(), start=len(results)):
+        ax.plot(grid, median(runs), "--", color=f"C{i}", lw=1.6, label=f"{name}, reference (median of {len(runs)})")
     for t in targets:
         ax.axhline(t, color="grey", ls=":", lw=1)
     ax.set_xlabel("rollouts generated")
@@ -617,7 +626,8 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
         print("replay (paper B): " + "; ".join(
             f"{n} share {t[n]['replay_share']:.2f} clip fresh/replay {t[n]['clip_fresh']:.3f}/"
             f"{'-' if t[n]['clip_replay'] is None else format(t[n]['clip_replay'], '.3f')}" for n in replayed))
-    curves_png(results, args.png, args.targets, f"prl bench learning: {where}", args.smooth)
+    curves_png(results, args.png, args.targets, f"prl bench learning: {where}", args.smooth,
+               reference[1] if reference else None)
     print(f"curves: {args.png}")
     write_json(args, table=t, runs=results)
 

@@ -107,12 +107,13 @@ def test_every_strategy_is_set_against_both_baselines_with_its_intervals():
 
 def test_runs_on_another_pool_are_shown_as_a_reference_against_the_baselines(tmp_path, capsys, monkeypatch):
     """--reference: runs of another training pool (the ceiling) are printed apart from the
-    strategies and set against the --from-json runs' baselines at every target; the figure, which
-    draws the --from-json runs, is titled with their setting."""
+    strategies and set against the --from-json runs' baselines at every target; the figure draws
+    the --from-json runs, titled with their setting, and the reference runs beside them."""
     import benchmarks.learning
 
-    titles = []
-    monkeypatch.setattr(benchmarks.learning, "curves_png", lambda results, out, targets, title, smooth: titles.append(title))
+    titles, drawn = [], []
+    monkeypatch.setattr(benchmarks.learning, "curves_png", lambda results, out, targets, title, smooth, reference:
+                        (titles.append(title), drawn.append((list(results), list(reference)))))
     a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2, 0.3, 0.4]] * 3, "dapo_filter": [[0.1, 0.2, 0.2, 0.4]] * 3})
     ceiling = stored(tmp_path / "c.json", 0, {"uniform": [[0.1, 0.4, 0.4, 0.5]] * 3}, pool="[20,100,0,0]")
     assert main(["--from-json", a, "--reference", ceiling, "--smooth", "1", "--targets", "0.36", "0.45",
@@ -124,10 +125,23 @@ def test_runs_on_another_pool_are_shown_as_a_reference_against_the_baselines(tmp
     assert "final +10.0 points over dapo_filter" in after[0]
     assert "reference runs' code: unrecorded (3 runs)" in printed
     assert len(titles) == 1 and "[20,100,0,0]" not in titles[0] and "seeds per strategy" not in titles[0]
+    assert drawn == [(["uniform", "dapo_filter"], ["uniform"])]
     beyond = printed.split("the reference runs against the baselines above at 0.45:\n")[1].splitlines()[0]
     assert beyond.split(";")[0].strip() == (  # the baselines never reach 0.45: no multiple, and each end says why
         "uniform              to 0.45 0 (uniform's median beyond the budget) against uniform "
         "(0 (uniform's median beyond the budget in 5%+ of redraws) to 0 (uniform's median beyond the budget in 5%+ of redraws))")
+
+
+def test_the_figure_draws_the_reference_medians_dashed_beside_the_strategies(tmp_path, monkeypatch):
+    import prl.plots
+    from benchmarks.learning import curves_png
+
+    figures = []
+    monkeypatch.setattr(prl.plots, "save_png", lambda fig, out, dpi: figures.append(fig))
+    run = {"curve": [(0, 0.3), (1_000, 0.4)], "smoothed": [0.3, 0.4]}
+    curves_png({"uniform": [run] * 3}, str(tmp_path / "c.png"), [0.36], "t", 1, {"uniform": [run] * 2})
+    lines = {line.get_label(): line.get_linestyle() for line in figures[0].axes[0].get_lines()}
+    assert lines["uniform (median of 3)"] == "-" and lines["uniform, reference (median of 2)"] == "--"
 
 
 @pytest.mark.parametrize("argv, reason", [
