@@ -611,12 +611,12 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
         if lines := against_baselines(results, target):
             print(f"every strategy against the baselines at {target} (medians over seeds; 90% over seeds in brackets):")
             print("\n".join(lines))
-    if reference:
-        ref_where, runs = reference
-        print_table(table(runs, args.targets, budget), args.targets, budget,
-                    f"reference runs, not baselines: {ref_where}{steps_and_settings(runs)}")
+    ref_where, ref_runs = reference or (None, None)
+    if ref_runs:
+        print_table(table(ref_runs, args.targets, budget), args.targets, budget,
+                    f"reference runs, not baselines: {ref_where}{steps_and_settings(ref_runs)}")
         for target in args.targets:
-            if lines := against_baselines(results, target, runs):
+            if lines := against_baselines(results, target, ref_runs):
                 print(f"the reference runs against the baselines above at {target}:")
                 print("\n".join(lines))
     print("last evaluation per difficulty, held-out / training pool (medians over seeds):")
@@ -626,8 +626,7 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
         print("replay (paper B): " + "; ".join(
             f"{n} share {t[n]['replay_share']:.2f} clip fresh/replay {t[n]['clip_fresh']:.3f}/"
             f"{'-' if t[n]['clip_replay'] is None else format(t[n]['clip_replay'], '.3f')}" for n in replayed))
-    curves_png(results, args.png, args.targets, f"prl bench learning: {where}", args.smooth,
-               reference[1] if reference else None)
+    curves_png(results, args.png, args.targets, f"prl bench learning: {where}", args.smooth, ref_runs)
     print(f"curves: {args.png}")
     write_json(args, table=t, runs=results)
 
