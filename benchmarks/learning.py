@@ -438,6 +438,33 @@ def against_baselines(results: dict[str, list[dict]], target: float, others: dic
     return lines
 
 
+def against_reference(results: dict[str, list[dict]], reference: dict[str, list[dict]], targets: list[float],
+                      budget: int) -> list[str]:
+    """Every strategy that is not a baseline against each reference strategy (e.g. the ceiling),
+    one line per pair: its median rollouts to each target as a multiple of the reference's, its
+    median final accuracy and area under the curve over the reference's, each with its 90%
+    interval over seeds. How far a strategy stays from what the reference shows is possible."""
+    lines = []
+    for ref_name, ref_runs in reference.items():
+        ref_final, ref_area = [r["final"] for r in ref_runs], [area_under_curve(r, budget) for r in ref_runs]
+        for name, runs in results.items():
+            if name in BASELINES:
+                continue
+            cells = []
+            for target in targets:
+                reached, ref_reached = [crossing(r, target) for r in runs], [crossing(r, target) for r in ref_runs]
+                ratio = rollouts_ratio(reached, ref_reached)
+                cells.append(f"to {target} {ratio_text(ratio, '.2f', (name, ref_name))}{'x' if 0 < ratio < math.inf else ''} "
+                             f"({interval(rollouts_ratio, reached, ref_reached, '.2f', (name, ref_name))})")
+            final, area = [r["final"] for r in runs], [area_under_curve(r, budget) for r in runs]
+            cells.append(f"final {final_difference(final, ref_final):+.1f} points "
+                         f"({interval(final_difference, final, ref_final, '+.1f')})")
+            cells.append(f"AUC {median_difference(area, ref_area):+.4f} "
+                         f"({interval(median_difference, area, ref_area, '+.4f')})")
+            lines.append(f"  {name:<{NAME}}against reference {ref_name}: " + "; ".join(cells))
+    return lines
+
+
 def print_table(t: dict, targets: list[float], budget: int, header: str) -> None:
     print(header)
     heads = "".join(f"{'to ' + str(x):>10}" for x in targets)
@@ -619,6 +646,9 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
             if lines := against_baselines(results, target, ref_runs):
                 print(f"the reference runs against the baselines above at {target}:")
                 print("\n".join(lines))
+        if lines := against_reference(results, ref_runs, args.targets, budget):
+            print("every strategy against the reference runs (medians over seeds; 90% over seeds in brackets):")
+            print("\n".join(lines))
     print("last evaluation per difficulty, held-out / training pool (medians over seeds):")
     for name, runs in results.items():
         print(f"  {name:<{NAME}}{difficulty_cells(runs)}")

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.learning import (against_baselines, area_under_curve, bootstrap_interval, censored_median, cores, crossing,
-                                 curves_path, difficulty_cells, goals, main, median_difference, pool_accuracy, pool_median,
+from benchmarks.learning import (against_baselines, against_reference, area_under_curve, bootstrap_interval,
+                                 censored_median, cores, crossing, curves_path, difficulty_cells, goals, main, median_difference, pool_accuracy, pool_median,
                                  pool_rows, rollouts_ratio, smoothed, STRATEGIES)
 
 
@@ -103,6 +103,24 @@ def test_every_strategy_is_set_against_both_baselines_with_its_intervals():
                                 "dapo_filter", "(0.25", "to", "0.25);", "final", "+2.0", "points", "over", "dapo_filter",
                                 "(+2.0", "to", "+2.0)"]
     assert against_baselines({n: results[n] for n in ("uniform", "priority_group")}, 0.4) == []  # needs both baselines
+
+
+def test_every_strategy_is_set_against_the_reference_runs_how_far_from_the_ceiling_it_stays():
+    def runs(crossings, finals):
+        return [{"curve": [(0, 0.3), (c, 0.4), (2_000, f)], "smoothed": [0.3, 0.4, f], "final": f}
+                for c, f in zip(crossings, finals)]
+    results = {"uniform": runs([1_000] * 3, [0.40] * 3), "dapo_filter": runs([1_000] * 3, [0.40] * 3),
+               "priority_likelihood": runs([1_500] * 3, [0.42] * 3)}
+    ceiling = {"uniform": runs([500] * 3, [0.44] * 3)}
+    lines = against_reference(results, ceiling, [0.4, 0.5], 2_000)
+    assert len(lines) == 1  # the strategies, not the baselines, against each reference strategy
+    line = lines[0]
+    assert line.split(":")[0].split() == ["priority_likelihood", "against", "reference", "uniform"]
+    assert "to 0.4 3.00x (3.00 to 3.00)" in line
+    assert "to 0.5 -" in line  # neither reaches it: no ratio
+    assert "final -2.0 points (-2.0 to -2.0)" in line
+    area = area_under_curve(results["priority_likelihood"][0], 2_000) - area_under_curve(ceiling["uniform"][0], 2_000)
+    assert area < 0 and f"AUC {area:+.4f}" in line
 
 
 def test_runs_on_another_pool_are_shown_as_a_reference_against_the_baselines(tmp_path, capsys, monkeypatch):
