@@ -55,7 +55,8 @@ random from its training split, the same draw for every run), fewer seeds and st
 ``--from-json A.json B.json ...`` trains nothing: it pools the runs of earlier invocations of
 the same settings (other seeds, other strategies) into one table, goal lines and figure;
 ``--reference C.json ...`` beside it adds runs on another training pool (the ceiling: the
-learnable problems alone), set against the same baselines but not counted as strategies.
+learnable problems alone), set against the same baselines but not counted as strategies, and
+every strategy set against each of them (how far it stays from the ceiling).
 ``--jobs N`` makes N runs at once, each in its own process (default: one per core).
 """
 
