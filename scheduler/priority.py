@@ -10,7 +10,7 @@ with numpy views for vectorised work), not in one Python object per problem.
   *first* group only: an estimate of how a never-tried problem of the group does, which
   retests of the group's hard problems cannot drive down; before any first visit it stands at
   the group's starting rate (1/2, or the model's own expected success for answer-likelihood
-  groups, ``score_start``) with the weight of two attempts. ``pooled`` is the group prior
+  groups, ``score_start``) with the weight of ``group_start_weight`` attempts (2: Beta(1, 1)). ``pooled`` is the group prior
   with one group of every problem: no label, an unseen problem at the pool's own first-visit
   rate (empirical Bayes) rather than at p = 1/2, the maximum of p(1-p). (Its never-tried
   problems still share one clock of rate m x priority, so a mostly untried pool is still
@@ -61,7 +61,6 @@ from scheduler.snapshot import expect_state
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
 MIN_RATE = 1e-12  # a clock of rate 0 would never ring
-START_WEIGHT = 2.0  # attempts a group's starting rate weighs before its first visits (Beta(1, 1) at 1/2)
 
 
 def _typed(code: str, n: int, value=0) -> tuple[array, np.ndarray]:
@@ -115,10 +114,10 @@ class PrioritySampler:
 
     # -- estimates ------------------------------------------------------------------
     def group_rate(self, g) -> float | np.ndarray:
-        """Group g's first-visit rate, from a Beta prior of START_WEIGHT attempts at its starting rate."""
-        start = self.group_start[g]
-        return success_estimate(self.group_successes[g], self.group_attempts[g], START_WEIGHT * start,
-                                START_WEIGHT * (1 - start))
+        """Group g's first-visit rate, from a Beta prior of ``group_start_weight`` attempts at its
+        starting rate."""
+        start, weight = self.group_start[g], self.cfg.group_start_weight
+        return success_estimate(self.group_successes[g], self.group_attempts[g], weight * start, weight * (1 - start))
 
     def prior(self, idx) -> tuple:
         """(a, b): the Beta prior of problems ``idx``."""

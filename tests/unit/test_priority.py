@@ -118,6 +118,24 @@ def test_solvable_over_more_groups_weighs_a_rarely_solved_problem_as_an_often_so
     assert never < 1e-3 * often
 
 
+def test_a_light_group_start_sets_a_dead_group_aside_after_one_failed_visit():
+    """A group's starting rate weighs group_start_weight attempts: at 2 (Beta(1, 1)) one failed
+    first group of 8 leaves the group at 1/10, still weighing 0.57 of a solved one under pass@8;
+    at 0.2 (Beta(0.1, 0.1)) it falls to 0.1/8.2 and weighs under a tenth, while a group whose first
+    visit is half solved stays where its visit puts it."""
+    def rates_and_weights(start_weight):
+        s = sampler(n=4, groups=2, prior="group", pseudo_count=1000, weight="solvable", retest=False,
+                    unseen_share=0.0, group_start_weight=start_weight)
+        s.observe(0, [0.0] * 8, 0)  # group 0: one first visit, never solved
+        s.observe(1, [1.0] * 4 + [0.0] * 4, 0)  # group 1: half solved
+        return s.group_rate(0), s.group_rate(1), s.unseen_priority(0), s.unseen_priority(1)
+
+    dead, half, w_dead, w_half = rates_and_weights(2.0)
+    assert dead == pytest.approx(1 / 10) and half == pytest.approx(5 / 10) and w_dead / w_half > 0.5
+    dead, half, w_dead, w_half = rates_and_weights(0.2)
+    assert dead == pytest.approx(0.1 / 8.2) and half == pytest.approx(0.5) and w_dead / w_half < 0.1
+
+
 def test_greedy_order_follows_priority():
     s = sampler(n=30, groups=1, mode="greedy", prior="flat", retest=False)
     first = s.next(30)
