@@ -10,11 +10,12 @@ with numpy views for vectorised work), not in one Python object per problem.
   *first* group only: an estimate of how a never-tried problem of the group does, which
   retests of the group's hard problems cannot drive down; before any first visit it stands at
   the group's starting rate (1/2, or the model's own expected success for answer-likelihood
-  groups, ``score_start``) with the weight of ``group_start_weight`` attempts (2: Beta(1, 1)). ``pooled`` is the group prior
-  with one group of every problem: no label, an unseen problem at the pool's own first-visit
-  rate (empirical Bayes) rather than at p = 1/2, the maximum of p(1-p). (Its never-tried
-  problems still share one clock of rate m x priority, so a mostly untried pool is still
-  mostly drawn from its untried problems: measured, no faster than the flat prior.)
+  groups, ``score_start``) with the weight of ``group_start_weight`` attempts (2: Beta(1, 1)).
+  ``pooled`` is the group prior with one group of every problem: no label, an unseen problem
+  at the pool's own first-visit rate (empirical Bayes) rather than at p = 1/2, the maximum of
+  p(1-p). (Its never-tried problems still share one clock of rate m x priority, so a mostly
+  untried pool is still mostly drawn from its untried problems: measured, no faster than the
+  flat prior.)
 - **Priority** p(1-p) (``prl.formulas.bernoulli_variance``), or with ``weight = "signal"``
   the chance that a group of G has a signal, 1 - p^G - (1-p)^G
   (``prl.formulas.signal_probability``): nearly as high at p = 0.8 (0.83) as at 1/2 (0.99), so

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from benchmarks.learning import (against_baselines, against_reference, area_under_curve, bootstrap_interval,
-                                 censored_median, cores, crossing, curves_path, difficulty_cells, goals, main, median_difference, pool_accuracy, pool_median,
-                                 pool_rows, rollouts_ratio, smoothed, STRATEGIES)
+                                 censored_median, cores, crossing, curves_path, difficulty_cells, goals, main,
+                                 median_difference, pool_accuracy, pool_median, pool_rows, rollouts_ratio, smoothed,
+                                 STRATEGIES)
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
