@@ -445,19 +445,20 @@ def against_reference(results: dict[str, list[dict]], reference: dict[str, list[
     one line per pair: its median rollouts to each target as a multiple of the reference's, its
     median final accuracy and area under the curve over the reference's, each with its 90%
     interval over seeds. How far a strategy stays from what the reference shows is possible."""
+    def figures(runs):  # per run: rollouts to each target, final accuracy, area
+        return ({t: [crossing(r, t) for r in runs] for t in targets}, [r["final"] for r in runs],
+                [area_under_curve(r, budget) for r in runs])
+
+    strategies = {name: figures(runs) for name, runs in results.items() if name not in BASELINES}
     lines = []
     for ref_name, ref_runs in reference.items():
-        ref_final, ref_area = [r["final"] for r in ref_runs], [area_under_curve(r, budget) for r in ref_runs]
-        for name, runs in results.items():
-            if name in BASELINES:
-                continue
+        ref_reached, ref_final, ref_area = figures(ref_runs)
+        for name, (reached, final, area) in strategies.items():
             cells = []
-            for target in targets:
-                reached, ref_reached = [crossing(r, target) for r in runs], [crossing(r, target) for r in ref_runs]
-                ratio = rollouts_ratio(reached, ref_reached)
-                cells.append(f"to {target} {ratio_text(ratio, '.2f', (name, ref_name))}{'x' if 0 < ratio < math.inf else ''} "
-                             f"({interval(rollouts_ratio, reached, ref_reached, '.2f', (name, ref_name))})")
-            final, area = [r["final"] for r in runs], [area_under_curve(r, budget) for r in runs]
+            for t in targets:
+                ratio, names = rollouts_ratio(reached[t], ref_reached[t]), (name, ref_name)
+                cells.append(f"to {t} {ratio_text(ratio, '.2f', names)}{'x' if 0 < ratio < math.inf else ''} "
+                             f"({interval(rollouts_ratio, reached[t], ref_reached[t], '.2f', names)})")
             cells.append(f"final {final_difference(final, ref_final):+.1f} points "
                          f"({interval(final_difference, final, ref_final, '+.1f')})")
             cells.append(f"AUC {median_difference(area, ref_area):+.4f} "
