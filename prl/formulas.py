@@ -73,6 +73,15 @@ def periodic_clock(now: float, rates, rng: np.random.Generator):
     return now + (0.5 + rng.random(size=rates.shape)) / rates
 
 
+def first_pass_clock(now: float, deadline: float, m: int, rng: np.random.Generator) -> float:
+    """t = now + (D - now)(1 - U^(1/m)), U ~ Uniform(0, 1): the first ring of m clocks that each
+    ring once at a uniform time in [now, D) (the smallest of m uniforms): when the next of m
+    never-tried problems is due if each is to be tried once before the pass ends at D. Drawn
+    again after each ring with one fewer, it gives every one of them a ring by D, in random
+    order, as a data loader's first epoch does."""
+    return now + max(deadline - now, 0.0) * (1.0 - rng.random() ** (1.0 / m))
+
+
 def rollout_age(learner_version, rollout_version):
     """age = learner version - the policy version that generated the rollout; a rollout
     with age > tau_max is never trained on."""

@@ -33,8 +33,12 @@ with numpy views for vectorised work), not in one Python object per problem.
   never-tried problems of a group share one rate w and so one clock of rate m w (their
   first ring). ``periodic`` mode gives each tried problem a clock that rings once per period
   1/w instead (``prl.formulas.periodic_clock``): the same shares, at evenly spaced times,
-  so equal priorities draw the pool in shuffled passes. ``greedy`` mode pops the highest
-  priority instead.
+  so equal priorities draw the pool in shuffled passes once every problem has been tried. Its
+  first looks come from the never-tried clock of rate m w, as independent draws (a pass's worth
+  of picks leaves about 1/e of a pool of equal weights untried); with ``unseen_clock =
+  "periodic"`` each never-tried problem is due once within one period 1/w instead, at a uniform
+  time (``prl.formulas.first_pass_clock``, one clock per group still), so the first look at the
+  pool is a pass too. ``greedy`` mode pops the highest priority instead.
 - **Never-tried floor.** At least ``unseen_share`` of the dispatches go to never-tried
   problems while any remain, round-robin over groups: every problem is dispatched within
   pool size / (unseen_share x dispatches per round) rounds, whatever its group's rate.
@@ -56,7 +60,7 @@ from collections import deque
 
 import numpy as np
 
-from prl.formulas import (bernoulli_variance, decay_factor, exponential_clock, pass_at_k, periodic_clock, signal_probability,
+from prl.formulas import (bernoulli_variance, decay_factor, exponential_clock, first_pass_clock, pass_at_k, periodic_clock, signal_probability,
                           success_estimate)
 from scheduler.snapshot import expect_state
 
@@ -104,6 +108,7 @@ class PrioritySampler:
         self.unseen_pos = [0] * self.num_groups
         self.group_stamp = [0] * self.num_groups
         self.unseen_w = [0.0] * self.num_groups  # priority of one never-tried problem per group, as last armed
+        self.unseen_deadline = [0.0] * self.num_groups  # unseen_clock = periodic: when the group's first pass ends
         self.heap: list[tuple[float, int, int]] = []  # (key, stamp, id): id >= 0 a problem, id < 0 a group's unseen
         self.now = 0.0  # virtual time of the clocks
         self.pools = {SOLVED: deque(), UNSOLVED: deque()}
@@ -354,8 +359,19 @@ class PrioritySampler:
         """Reset the clock of each group's never-tried problems, their priority w recomputed
         (the group's rate may have moved)."""
         for g in groups:
-            self.unseen_w[g] = self.unseen_priority(g)
+            w_before, self.unseen_w[g] = self.unseen_w[g], self.unseen_priority(g)
+            if self.cfg.unseen_clock == "periodic":
+                self.unseen_deadline[g] = self._pass_end(g, w_before)
             self._arm_unseen(g)
+
+    def _pass_end(self, g: int, w_before: float) -> float:
+        """When group g's first pass ends: one period 1/w from its first arming; when w moves,
+        what is left of the window is stretched (or shrunk) by w_before / w, so the never-tried
+        problems keep their share of w."""
+        w = max(self.unseen_w[g], MIN_RATE)
+        if w_before <= 0:
+            return self.now + 1.0 / w
+        return self.now + max(self.unseen_deadline[g] - self.now, 0.0) * max(w_before, MIN_RATE) / w
 
     def _arm_unseen(self, g: int) -> None:
         """Reset group g's never-tried clock at its last priority w: rate m w for m problems
@@ -364,7 +380,10 @@ class PrioritySampler:
         self.group_stamp[g] += 1
         if m:
             w = self.unseen_w[g]
-            key = self._keys(w if self.cfg.mode == "greedy" else m * w, shared=True)
+            if self.cfg.unseen_clock == "periodic":
+                key = first_pass_clock(self.now, self.unseen_deadline[g], m, self.rng)
+            else:
+                key = self._keys(w if self.cfg.mode == "greedy" else m * w, shared=True)
             heapq.heappush(self.heap, (key, self.group_stamp[g], -g - 1))
 
     def _compact(self) -> None:
@@ -414,6 +433,7 @@ class PrioritySampler:
             "unseen_order": {str(g): np.asarray(o, dtype=np.int32) for g, o in enumerate(self.unseen_order)},
             "unseen_pos": list(self.unseen_pos),
             "group_stamp": list(self.group_stamp),
+            "unseen_deadline": list(self.unseen_deadline),
             "heap_keys": heap[:, 0].copy(),
             "heap_stamps": heap[:, 1].astype(np.int64),
             "heap_problems": heap[:, 2].astype(np.int64),
@@ -446,6 +466,7 @@ class PrioritySampler:
         if "virtual_time" in st:
             self.now = float(st["virtual_time"])
             self.group_stamp = list(st["group_stamp"])
+            self.unseen_deadline = list(st.get("unseen_deadline", [self.now + 1.0 / max(w, MIN_RATE) for w in self.unseen_w]))
             self.heap = list(zip(np.asarray(st["heap_keys"]).tolist(), np.asarray(st["heap_stamps"]).tolist(),
                                  np.asarray(st["heap_problems"]).astype(int).tolist()))
             heapq.heapify(self.heap)

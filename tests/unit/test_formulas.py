@@ -82,6 +82,20 @@ def test_one_exponential_clock_as_a_float_rings_when_the_array_form_would():
     assert scalar == [float(t) for t in arrays]
 
 
+def test_a_first_pass_clock_rings_each_of_m_once_by_the_deadline_at_uniform_times():
+    """Drawn again after each ring with one fewer, m first-pass clocks ring m times, all before the
+    deadline, at times spread uniformly over [now, D)."""
+    rng = np.random.default_rng(4)
+    now, deadline, m, rings = 2.0, 6.0, 5_000, []
+    for left in range(m, 0, -1):
+        now = f.first_pass_clock(now, deadline, left, rng)
+        rings.append(now)
+    assert rings == sorted(rings) and 2.0 <= rings[0] and rings[-1] <= deadline
+    quartiles = np.quantile(rings, [0.25, 0.5, 0.75])
+    assert quartiles == pytest.approx([3.0, 4.0, 5.0], abs=0.1)
+    assert f.first_pass_clock(7.0, deadline, 3, rng) == 7.0  # past the deadline: due now
+
+
 def test_a_periodic_clock_rings_in_the_middle_of_its_next_period():
     """now + (1/2 + U) / w: between half a period and one and a half after it is set, one period
     on average; a float rate gives a float, drawn as the array form draws it."""

@@ -176,8 +176,8 @@ def test_the_retest_streak_counts_completions_so_screens_weigh_their_share_of_a_
 
 
 @settings(max_examples=25, deadline=None)
-@given(outcomes, st.integers(0, 99))
-def test_snapshot_restore_gives_identical_future_dispatches(seq, seed):
+@given(outcomes, st.integers(0, 99), st.sampled_from([{}, {"mode": "periodic", "unseen_clock": "periodic"}]))
+def test_snapshot_restore_gives_identical_future_dispatches(seq, seed, clocks):
     def drive(s, steps, v0):
         out = []
         for v, (solved, k) in enumerate(steps, v0):
@@ -188,13 +188,13 @@ def test_snapshot_restore_gives_identical_future_dispatches(seq, seed):
             s.on_version(v)
         return out
 
-    a = sampler(seed=seed, retest_interval=2)
+    a = sampler(seed=seed, retest_interval=2, **clocks)
     drive(a, seq, 0)
     from scheduler.snapshot import join_arrays, split_arrays
 
     arrays, rest = split_arrays(a.state_dict())  # numpy arrays + JSON, the snapshot format
     snapshot = join_arrays(json.loads(json.dumps(rest)), {k: v.copy() for k, v in arrays.items()})
-    b = sampler(seed=seed + 1, retest_interval=2)
+    b = sampler(seed=seed + 1, retest_interval=2, **clocks)
     b.load_state_dict(snapshot)
     assert drive(a, seq, len(seq)) == drive(b, seq, len(seq))
 
@@ -308,6 +308,53 @@ def test_periodic_clocks_draw_equal_priorities_in_passes_where_exponential_ones_
     assert 6 <= low and high <= 34 and max(gaps["periodic"]) <= 40
     assert statistics.mean(gaps["periodic"]) == pytest.approx(20, rel=0.02)
     assert max(gaps["gumbel"]) > 100
+
+
+def first_looks(unseen_clock, picks, groups=None, success=None, **kw):
+    """Problems tried after each pick, one pick at a time, each result back at once; a problem
+    is solved half the time unless ``success`` says otherwise."""
+    groups = np.zeros(100, dtype=int) if groups is None else groups
+    s = PrioritySampler(groups, PriorityConfig(retest=False, unseen_share=0.0, mode="periodic", unseen_clock=unseen_clock,
+                                               **kw), seed=3)
+    tried, counts = set(), []
+    for _ in range(picks):
+        (i,) = s.next(1)
+        tried.add(i)
+        counts.append(set(tried))
+        rate = 0.5 if success is None else success[i]
+        s.observe(i, [1.0] * round(8 * rate) + [0.0] * (8 - round(8 * rate)), 0)
+    return counts
+
+
+def test_a_periodic_never_tried_clock_makes_the_first_look_at_the_pool_a_pass():
+    """A hundred problems of equal weight: with the never-tried problems' exponential clock (rate
+    m w) a pass's worth of picks leaves about a third untried, as independent draws would; with
+    unseen_clock = periodic each is due once within the first period, so nearly all are tried in
+    the first hundred picks and every one soon after, before the problems tried first come back
+    much (they ring half a period to one and a half after their result)."""
+    flat = dict(prior="flat", alpha=0.1, beta=0.1, weight="signal")
+    exponential, periodic = first_looks("exponential", 200, **flat), first_looks("periodic", 200, **flat)
+    assert len(exponential[99]) <= 80 and len(exponential[199]) < 100
+    assert len(periodic[99]) >= 90 and len(periodic[119]) == 100
+
+
+def test_a_periodic_never_tried_clock_stretches_a_groups_first_pass_when_its_weight_falls():
+    """Two groups of 200: one solved half the time, one never (a light group start, so a failed
+    first visit sets its group nearly aside). The half-solved group is tried once over within about
+    its first period; the never-solved group's first looks spread over its own, much longer period:
+    most of its problems are still untried when the other group's pass is done."""
+    groups = np.repeat([0, 1], 200)
+    success = np.where(groups == 0, 0.5, 0.0)
+    counts = first_looks("periodic", 400, groups=groups, success=success, prior="group", pseudo_count=1000,
+                         weight="solvable", group_start_weight=0.2)
+    done = next(t for t, tried in enumerate(counts) if sum(groups[i] == 0 for i in tried) == 200)
+    assert done <= 260  # about a pass of the half-solved group, with the other group's few looks
+    assert sum(groups[i] == 1 for i in counts[done]) <= 40
+
+
+def test_a_periodic_never_tried_clock_needs_periodic_mode():
+    with pytest.raises(ValueError, match="unseen_clock = 'periodic' acts only with mode = 'periodic'"):
+        PriorityConfig(unseen_clock="periodic", mode="gumbel")
 
 
 def test_retests_take_at_most_their_cap_of_dispatches():
