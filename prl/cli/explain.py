@@ -80,7 +80,9 @@ def why(s, i: int, cfg) -> list[str]:
         out.append(f"  a pick is this problem with probability {prio / w.sum():.4f} ({prio / w.mean():.2f}x the average "
                    f"of {len(choosable)} choosable problems)" if s.last_tested[i] >= 0 else
                    f"  never tried: drawn with {drawn_with}'s never-tried "
-                   f"problems (priority {s.unseen_priority(g):.4f} each), "
+                   f"problems (priority {s.unseen_priority(g):.4f} each"
+                   + (f"; each due once by the group's first pass's end, virtual time {s.unseen_deadline[g]:.3f}, "
+                      f"now {s.now:.3f}" if cfg.priority.unseen_clock == "periodic" else "") + "), "
                    f"and {cfg.priority.unseen_share:.0%} of dispatches go to never-tried problems"
                    + (" round-robin over groups" if s.num_groups > 1 else ", in a fixed random order"))
     elif st in (2, 3):

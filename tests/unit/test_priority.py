@@ -463,6 +463,17 @@ def test_explain_words_a_never_tried_problem_as_its_prior_draws_it(prior, says, 
     assert ("over first tries" in text) == (prior != "flat")  # a flat prior learns no shared rate
 
 
+def test_explain_says_when_a_never_tried_problem_is_due_under_a_first_pass_clock():
+    from prl.cli.explain import why
+    from schemas.config import SchedulerConfig
+
+    for clock, says in (("periodic", True), ("exponential", False)):
+        cfg = SchedulerConfig(priority=PriorityConfig(mode="periodic", unseen_clock=clock))
+        s = PrioritySampler(np.arange(40) % 4, cfg.priority, seed=0)
+        text = "\n".join(why(s, 0, cfg))
+        assert ("each due once by the group's first pass's end" in text) == says, text
+
+
 def test_uniform_passes_draw_each_problem_once_per_pass_and_survive_a_snapshot():
     """uniform_passes: a data loader's epochs. Each pass holds every problem once (one in flight
     when its turn comes is passed over), and a sampler restored mid-pass continues the same pass."""
