@@ -35,7 +35,7 @@ with numpy views for vectorised work), not in one Python object per problem.
   1/w instead (``prl.formulas.periodic_clock``): the same shares, at evenly spaced times,
   so equal priorities draw the pool in shuffled passes once every problem has been tried. Its
   first looks come from the never-tried clock of rate m w, as independent draws (a pass's worth
-  of picks leaves about 1/e of a pool of equal weights untried); with ``unseen_clock =
+  of picks leaves about a third of a pool of equal weights untried); with ``unseen_clock =
   "periodic"`` each never-tried problem is due once within one period 1/w instead, at a uniform
   time (``prl.formulas.first_pass_clock``, one clock per group still), so the first look at the
   pool is a pass too. ``greedy`` mode pops the highest priority instead.
