@@ -108,7 +108,7 @@ class PrioritySampler:
         self.unseen_pos = [0] * self.num_groups
         self.group_stamp = [0] * self.num_groups
         self.unseen_w = [0.0] * self.num_groups  # priority of one never-tried problem per group, as last armed
-        self.unseen_deadline = [0.0] * self.num_groups  # unseen_clock = periodic: when the group's first pass ends
+        self.unseen_deadline = [0.0] * self.num_groups  # when the group's first pass ends (read by unseen_clock = periodic)
         self.heap: list[tuple[float, int, int]] = []  # (key, stamp, id): id >= 0 a problem, id < 0 a group's unseen
         self.now = 0.0  # virtual time of the clocks
         self.pools = {SOLVED: deque(), UNSOLVED: deque()}
@@ -360,8 +360,8 @@ class PrioritySampler:
         (the group's rate may have moved)."""
         for g in groups:
             w_before, self.unseen_w[g] = self.unseen_w[g], self.unseen_priority(g)
-            if self.cfg.unseen_clock == "periodic":
-                self.unseen_deadline[g] = self._pass_end(g, w_before)
+            # kept whatever the clock, so a run resumed with unseen_clock = periodic finds its passes' ends
+            self.unseen_deadline[g] = self._pass_end(g, w_before)
             self._arm_unseen(g)
 
     def _pass_end(self, g: int, w_before: float) -> float:
