@@ -315,6 +315,25 @@ def difficulty_cells(runs: list[dict]) -> str:
     return "   ".join(cells) or "-"
 
 
+def difficulty_finals(runs: list[dict], smooth: int) -> dict[str, list[float]]:
+    """Each difficulty's final held-out accuracy per run: the trailing mean of its last ``smooth``
+    evaluations, as a run's ``final`` is of the whole metric (the mean of these, one per
+    difficulty). Only the difficulties every run measured."""
+    keys = [k for k in runs[0].get("by_difficulty", {}) if all(k in r.get("by_difficulty", {}) for r in runs)]
+    return {k: [statistics.fmean(r["by_difficulty"][k][-smooth:]) for r in runs] for k in keys}
+
+
+def difficulty_differences(runs: list[dict], other: list[dict], smooth: int) -> str:
+    """Where a final lead lies: per difficulty, the median final held-out accuracy of ``runs``
+    over ``other``'s on that difficulty's problems alone, in points of that accuracy (the metric
+    is the mean over difficulties, so with four each counts a quarter), with its 90% interval over
+    seeds. "-" where the two share no difficulty."""
+    mine, theirs = difficulty_finals(runs, smooth), difficulty_finals(other, smooth)
+    cells = [f"{k} {final_difference(mine[k], theirs[k]):+.1f} ({interval(final_difference, mine[k], theirs[k], '+.1f')})"
+             for k in mine if k in theirs]
+    return "; ".join(cells) or "-"
+
+
 def bootstrap_interval(statistic, a: list, b: list, level: float = 0.9, draws: int = 2_000, seed: int = 0) -> tuple[float, float]:
     """The ``level`` interval of ``statistic(a, b)`` over seeds: both samples redrawn with
     replacement ``draws`` times (a percentile bootstrap; draws where it is undefined, NaN, are
@@ -654,6 +673,15 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
     print("last evaluation per difficulty, held-out / training pool (medians over seeds):")
     for name, runs in results.items():
         print(f"  {name:<{NAME}}{difficulty_cells(runs)}")
+    pairs = [(name, "dapo_filter", runs, results["dapo_filter"]) for name, runs in results.items()
+             if name not in BASELINES and "dapo_filter" in results]
+    pairs += [(name, f"reference {ref}", runs, ref_list) for ref, ref_list in (ref_runs or {}).items()
+              for name, runs in results.items() if name not in BASELINES]
+    if pairs:
+        print("final held-out accuracy per difficulty, each strategy over the other named, in points of that "
+              "difficulty's own accuracy (medians over seeds; 90% over seeds in brackets):")
+        for name, over, runs, other in pairs:
+            print(f"  {name:<{NAME}}over {over}: {difficulty_differences(runs, other, args.smooth)}")
     if replayed := [n for n, r in t.items() if r["replay_share"] > 0]:
         print("replay (paper B): " + "; ".join(
             f"{n} share {t[n]['replay_share']:.2f} clip fresh/replay {t[n]['clip_fresh']:.3f}/"

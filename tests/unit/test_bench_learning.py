@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks.learning import (against_baselines, against_reference, area_under_curve, bootstrap_interval,
-                                 censored_median, cores, crossing, curves_path, difficulty_cells, goals, main,
+                                 censored_median, cores, crossing, curves_path, difficulty_cells, difficulty_differences,
+                                 difficulty_finals, goals, main,
                                  median_difference, pool_accuracy, pool_median, pool_rows, rollouts_ratio, smoothed,
                                  STRATEGIES)
 
@@ -203,6 +204,18 @@ def test_pool_figures_are_medians_over_the_runs_that_measured_them():
     assert pool_median(runs[2:]) is None
     assert difficulty_cells(runs) == "d1 0.80 / 0.90"
     assert difficulty_cells(runs[2:]) == "d1 0.80 / -"
+
+
+def test_a_final_lead_is_split_by_difficulty_each_final_a_trailing_mean_like_the_metrics():
+    def run(d1, d2):
+        return {"by_difficulty": {"d1": d1, "d2": d2}}
+    mine = [run([0.8, 0.9, 1.0], [0.5, 0.6, 0.7])] * 3
+    theirs = [run([1.0, 0.9, 0.8], [0.4, 0.4, 0.4])] * 3
+    assert difficulty_finals(mine, 2) == {"d1": [pytest.approx(0.95)] * 3, "d2": [pytest.approx(0.65)] * 3}
+    # the lead is all the 2-digit block's: none on 1-digit sums over the last two evaluations
+    assert difficulty_differences(mine, theirs, 2) == "d1 +10.0 (+10.0 to +10.0); d2 +25.0 (+25.0 to +25.0)"
+    assert difficulty_differences(mine, theirs, 3) == "d1 +0.0 (+0.0 to +0.0); d2 +20.0 (+20.0 to +20.0)"
+    assert difficulty_differences(mine, [run([1.0], [0.4]) | {"by_difficulty": {"d3": [0.1]}}], 1) == "-"
 
 
 @pytest.mark.parametrize("pool", ["abc", "0", "2001", "[20, 100]"])
