@@ -42,7 +42,8 @@ dropped-as-stale rollouts, and seed paper B's replay figures;
 each goal figure with its 90% bootstrap interval over seeds (how far other seeds could move it),
 and every other strategy against both baselines at every target, likewise;
 and each run's final policy on its own training pool beside the held-out set, per difficulty
-(how much of what it learned is the pool).
+(how much of what it learned is the pool); and where a final lead lies: each strategy's final
+held-out accuracy per difficulty over DAPO's and over each reference strategy's, with its interval.
 
 ``--mode large-pool`` runs uniform, DAPO and the full methods on the built-in task's own pool of
 1,880 problems (visited about once within the budget, so the label-free priority has nothing
