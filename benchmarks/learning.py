@@ -321,7 +321,7 @@ def difficulty_finals(runs: list[dict], smooth: int) -> dict[str, list[float]]:
     evaluations, as a run's ``final`` is of the whole metric (the mean of these, one per
     difficulty). Only the difficulties every run measured."""
     keys = [k for k in runs[0].get("by_difficulty", {}) if all(k in r.get("by_difficulty", {}) for r in runs)]
-    return {k: [statistics.fmean(r["by_difficulty"][k][-smooth:]) for r in runs] for k in keys}
+    return {k: [smoothed(r["by_difficulty"][k], smooth)[-1] for r in runs] for k in keys}
 
 
 def difficulty_differences(runs: list[dict], other: list[dict], smooth: int) -> str:

@@ -215,7 +215,7 @@ def test_a_final_lead_is_split_by_difficulty_each_final_a_trailing_mean_like_the
     # the lead is all the 2-digit block's: none on 1-digit sums over the last two evaluations
     assert difficulty_differences(mine, theirs, 2) == "d1 +10.0 (+10.0 to +10.0); d2 +25.0 (+25.0 to +25.0)"
     assert difficulty_differences(mine, theirs, 3) == "d1 +0.0 (+0.0 to +0.0); d2 +20.0 (+20.0 to +20.0)"
-    assert difficulty_differences(mine, [run([1.0], [0.4]) | {"by_difficulty": {"d3": [0.1]}}], 1) == "-"
+    assert difficulty_differences(mine, [{"by_difficulty": {"d3": [0.1]}}], 1) == "-"
 
 
 @pytest.mark.parametrize("pool", ["abc", "0", "2001", "[20, 100]"])
