@@ -86,8 +86,55 @@ def read_snapshot_at(uri: str) -> tuple[dict, list[RolloutGroup], list[TrainRoll
     fresh = decode_many(storage.read_verified(uri, "fresh.arrow"), RolloutGroup)
     replay = read_replay(storage.read_verified(uri, "replay.arrow"))
     pending = decode(storage.read_verified(uri, "pending.arrow"), TrainBatch) if storage.has_file(uri, "pending.arrow") else None
-    return join_arrays(rest, arrays), fresh, replay, pending
+    state = join_arrays(rest, arrays)
+    check_state(state)
+    return state, fresh, replay, pending
 
+
+def check_state(state: dict) -> None:
+    """A snapshot's scheduler state holds together as written: one entry per problem in every
+    per-problem array, one per prior group in every per-group list, and every problem or group
+    it names inside the pool; otherwise ValueError naming the field. Checksums catch a torn or
+    tampered file, not a writer that wrote the wrong thing; this does, so such a snapshot is
+    passed over for the one before (read_snapshot) instead of failing later, mid-run."""
+    problems, sized, inside = sampler_fields(state["sampler"])
+    if "trained" in state:
+        sized["trained"] = (state["trained"], problems)
+    inside["in_flight"] = ([entry[0] for entry in state["in_flight"].values()], 0, problems)
+    for name, (values, size) in sized.items():
+        if len(values) != size:
+            raise ValueError(f"scheduler snapshot: {name} has {len(values):,} entries, the sampler {size:,}")
+    for name, (values, low, high) in inside.items():
+        outside = [int(v) for v in np.asarray(values, dtype=np.int64).ravel() if not low <= v < high]
+        if outside:
+            raise ValueError(f"scheduler snapshot: {name} holds {outside[0]}, outside {low}..{high - 1}")
+
+
+def sampler_fields(sampler: dict) -> tuple[int, dict, dict]:
+    """A sampler state's pool size; its fields with their expected lengths; its fields of
+    indices with the range ``[low, high)`` they must lie in."""
+    if (sampler.get("sampler") or ("priority" if "arrays" in sampler else "uniform")) == "uniform":
+        problems, order = len(sampler["attempts"]), sampler.get("pass_order", [])
+        return problems, {"successes": (sampler["successes"], problems)}, {
+            "pass_order": (order, 0, problems), "pass_position": ([sampler.get("pass_position", 0)], 0, len(order) + 1)}
+    problems = len(sampler["arrays"]["group"])
+    groups = sampler.get("groups", len(sampler["unseen_order"]))
+    orders = sampler["unseen_order"]
+    if sorted(orders, key=int) != [str(g) for g in range(groups)]:
+        raise ValueError(f"scheduler snapshot: unseen_order is for groups {sorted(orders, key=int)}, "
+                         f"not the {groups} prior groups 0..{groups - 1}")
+    heap = len(sampler["heap_keys"])
+    sized = {**{f"arrays.{name}": (values, problems) for name, values in sampler["arrays"].items()},
+             **{name: (sampler[name], groups) for name in ("group_successes", "group_attempts", "unseen_pos",
+                                                           "group_stamp", "unseen_deadline") if name in sampler},
+             "heap_stamps": (sampler["heap_stamps"], heap), "heap_problems": (sampler["heap_problems"], heap)}
+    inside = {"arrays.group": (sampler["arrays"]["group"], 0, groups),
+              "heap_problems": (sampler["heap_problems"], -groups, problems),  # a group's clock is -1 - group
+              **{name: (sampler[name], 0, problems) for name in ("solved_pool", "unsolved_pool", "retest_queue")},
+              **{f"unseen_order.{g}": (orders[str(g)], 0, problems) for g in range(groups)},
+              **{f"unseen_pos.{g}": ([pos], 0, len(orders[str(g)]) + 1)
+                 for g, pos in zip(range(groups), sampler["unseen_pos"])}}
+    return problems, sized, inside
 
 def read_replay(data: bytes) -> list[TrainRollout]:
     """The replay buffer's rollouts: a table of TrainRollout rows (snapshots written before

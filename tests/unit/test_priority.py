@@ -190,10 +190,11 @@ def test_snapshot_restore_gives_identical_future_dispatches(seq, seed, clocks):
 
     a = sampler(seed=seed, retest_interval=2, **clocks)
     drive(a, seq, 0)
-    from scheduler.snapshot import join_arrays, split_arrays
+    from scheduler.snapshot import check_state, join_arrays, split_arrays
 
     arrays, rest = split_arrays(a.state_dict())  # numpy arrays + JSON, the snapshot format
     snapshot = join_arrays(json.loads(json.dumps(rest)), {k: v.copy() for k, v in arrays.items()})
+    check_state({"sampler": snapshot, "in_flight": {}})  # a state as written holds together
     b = sampler(seed=seed + 1, retest_interval=2, **clocks)
     b.load_state_dict(snapshot)
     assert drive(a, seq, len(seq)) == drive(b, seq, len(seq))
@@ -443,6 +444,47 @@ def test_a_snapshot_of_another_sampler_is_refused_naming_both(written, read, say
     legacy = {k: v for k, v in state.items() if k not in ("sampler", "groups")}  # a snapshot from before they were kept
     with pytest.raises(ConfigError):
         read().load_state_dict(legacy)
+
+
+def short(values):
+    return values[:-1]
+
+
+@pytest.mark.parametrize("make, field, damage, says", [
+    (lambda: sampler(mode="periodic", unseen_clock="periodic"), "group_stamp", short, "group_stamp has 3 entries"),
+    (lambda: sampler(), "unseen_deadline", lambda v: v + [1.0], "unseen_deadline has 5 entries"),
+    (lambda: sampler(), "heap_problems", lambda v: np.r_[40, v[1:]], "heap_problems holds 40, outside -4..39"),
+    (lambda: sampler(), "unseen_pos", lambda v: [11] + v[1:], "unseen_pos.0 holds 11, outside 0..10"),
+    (lambda: sampler(), "unseen_order", lambda v: {k: o for k, o in v.items() if k != "2"}, "unseen_order is for groups"),
+    (lambda: UniformSampler(40, passes=True), "pass_order", lambda v: v + 40, "pass_order holds"),
+    (lambda: sampler(), "trained", short, "trained has 39 entries"),
+    (lambda: UniformSampler(40), "in_flight", lambda v: {"d": [40, 0.0, 0, 8, 0]}, "in_flight holds 40"),
+])
+def test_a_snapshot_whose_fields_do_not_fit_its_pool_is_passed_over_for_the_one_before(
+        tmp_path, capsys, make, field, damage, says):
+    """Checksums catch a torn file, not a writer that wrote the wrong thing: a snapshot whose
+    per-group list has one entry too few or too many, or that names a problem outside the pool,
+    costs one log line naming the field, and the scheduler resumes from the snapshot before."""
+    from prl import logs
+    from scheduler.snapshot import read_snapshot, write_snapshot
+
+    logs.configure("console", "info")
+    s = make()
+    s.next(6, set()) if isinstance(s, UniformSampler) else s.next(6)
+    run_dir = str(tmp_path / "run")
+    good = {"next_seq": 1, "in_flight": {}, "sampler": s.state_dict(), "trained": np.zeros(40, np.uint8)}
+    write_snapshot(run_dir, 1, good, [], [])
+    bad = {**good, "next_seq": 2, "sampler": dict(good["sampler"])}
+    if field in ("trained", "in_flight"):
+        bad[field] = damage(good[field])
+    else:
+        bad["sampler"][field] = damage(good["sampler"][field])
+    write_snapshot(run_dir, 2, bad, [], [])
+    state = read_snapshot(run_dir)[0]
+    assert state["next_seq"] == 1
+    make().load_state_dict(state["sampler"])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "unusable" in ln]
+    assert len(lines) == 1 and "snap-00000002" in lines[0] and says in lines[0], lines
 
 
 @pytest.mark.parametrize("prior, says, not_says", [
