@@ -113,7 +113,7 @@ def check_state(state: dict) -> None:
 def sampler_fields(sampler: dict) -> tuple[int, dict, dict]:
     """A sampler state's pool size; its fields with their expected lengths; its fields of
     indices with the range ``[low, high)`` they must lie in."""
-    if (sampler.get("sampler") or ("priority" if "arrays" in sampler else "uniform")) == "uniform":
+    if sampler_kind(sampler) == "uniform":
         problems, order = len(sampler["attempts"]), sampler.get("pass_order", [])
         return problems, {"successes": (sampler["successes"], problems)}, {
             "pass_order": (order, 0, problems), "pass_position": ([sampler.get("pass_position", 0)], 0, len(order) + 1)}
@@ -136,6 +136,7 @@ def sampler_fields(sampler: dict) -> tuple[int, dict, dict]:
                  for g, pos in zip(range(groups), sampler["unseen_pos"])}}
     return problems, sized, inside
 
+
 def read_replay(data: bytes) -> list[TrainRollout]:
     """The replay buffer's rollouts: a table of TrainRollout rows (snapshots written before
     kept them as one TrainBatch record, which still reads)."""
@@ -149,7 +150,7 @@ def expect_state(state: dict, kind: str, problems: int, groups: int | None = Non
     """A snapshot's sampler state is for this kind of sampler (``uniform`` or ``priority``),
     pool size and number of prior groups; otherwise ConfigError naming both sides and the fix
     (a run continued, or explained, with another configuration than it was started with)."""
-    written = state.get("sampler") or ("priority" if "arrays" in state else "uniform")  # older snapshots: by their keys
+    written = sampler_kind(state)
     if written == "priority":
         size, prior_groups = len(state["arrays"]["group"]), state.get("groups", len(state["unseen_order"]))
     else:
@@ -158,6 +159,11 @@ def expect_state(state: dict, kind: str, problems: int, groups: int | None = Non
         raise ConfigError(f"the scheduler snapshot holds a {describe(written, size, prior_groups)}, this configuration "
                           f"makes a {describe(kind, problems, groups)}: give the run the configuration it was started with "
                           "(scheduler.strategy, scheduler.priority.prior, task), or use a new run directory")
+
+
+def sampler_kind(state: dict) -> str:
+    """``priority`` or ``uniform``: the sampler a state was written by (older snapshots: by their keys)."""
+    return state.get("sampler") or ("priority" if "arrays" in state else "uniform")
 
 
 def describe(kind: str, problems: int, groups: int | None) -> str:
