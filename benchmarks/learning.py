@@ -70,6 +70,7 @@ import random
 import statistics
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -859,6 +860,12 @@ def learning_rates(task: str | None, items: list[str], mode: str = "default") ->
     return rates
 
 
+def pooled_curves_path() -> str:
+    """Where --from-json draws without --png: the temporary directory, so pooling stored runs
+    changes no file of the repository (a trained run's default figure above all)."""
+    return str(Path(tempfile.gettempdir()) / "bench-learning-pooled-curves.png")
+
+
 def curves_path(task: str | None, mode: str = "default") -> str:
     """Where a run's curves go by default: one figure per task, and per mode with its own pool."""
     if task:
@@ -894,7 +901,8 @@ def main(argv=None) -> int:
                     "compares a setting against baselines without it); each run records the items it took")
     ap.add_argument("--png", help="where the curves go (default docs/bench-learning-curves.png, in large-pool mode "
                     "docs/bench-learning-large-pool-curves.png, with --task docs/bench-learning-TASK-curves.png, so no "
-                    "setting overwrites another's figure)")
+                    "setting overwrites another's figure; with --from-json the temporary directory's "
+                    "bench-learning-pooled-curves.png, so pooling stored runs changes no file of the repository)")
     ap.add_argument("--jobs", type=count, default=cores(), help="runs at once, each in its own process with its "
                     "share of the cores (default: one per core; on 2 cores the default mode took 13 min with 2, 28 min "
                     "with --jobs 1, one run after another in this process, benchmarks/RESULTS.md)")
@@ -931,7 +939,7 @@ def main(argv=None) -> int:
             ref_seeds = ", ".join(f"{name} {len(runs)}" for name, runs in ref_runs.items())
             reference = (f"{setting(task, stored_pool(other), other.get('heldout'))}, seeds per strategy: {ref_seeds}; "
                          f"lr {other_rates or 'from the config'}", ref_runs)
-        args.png = args.png or curves_path(task, mode)
+        args.png = args.png or pooled_curves_path()
         seeds = ", ".join(f"{name} {len(runs)}" for name, runs in results.items())
         report(args, results, budget, setting(task, pool, stored.get("heldout")), f"pooled from {len(args.from_json)} "
                f"files, seeds per strategy: {seeds}; budget {budget:,} rollouts, evaluated every "

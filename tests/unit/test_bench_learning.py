@@ -333,6 +333,20 @@ def test_the_longest_strategy_name_stays_apart_from_its_difficulty_cells(tmp_pat
     assert f"  {longest} -" in capsys.readouterr().out  # stored runs without per-difficulty curves
 
 
+def test_pooling_stored_runs_without_png_draws_outside_the_repository(tmp_path, monkeypatch, capsys):
+    """A --from-json command copied from RESULTS.md without --png must not replace the default
+    mode's figure in docs/: it draws into the temporary directory and says where."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # a docs/ figure, if one were written, would land here
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]})
+    assert main(["--from-json", a]) == 0
+    assert (tmp_path / "bench-learning-pooled-curves.png").stat().st_size > 0
+    assert not (tmp_path / "docs").exists()
+    assert f"curves: {tmp_path / 'bench-learning-pooled-curves.png'}" in capsys.readouterr().out
+
+
 def test_pooled_runs_name_the_commits_that_made_them(tmp_path, capsys):
     a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]}, code={"commit": "a" * 40, "dirty": False})
     b = stored(tmp_path / "b.json", 1, {"uniform": [[0.1, 0.3]]}, code={"commit": "b" * 40, "dirty": True})
