@@ -602,11 +602,12 @@ def finished_runs(jobs: list[tuple], workers: int):
             yield job, one_run(*job)
         return
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     threads = max(1, cores() // workers)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker,
-                               initargs=(threads,))
+                               initargs=(threads, os.getpid()))
     try:
         futures = {pool.submit(one_run_json, *job): job for job in jobs}
         for future in as_completed(futures):
@@ -622,11 +623,29 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def start_worker(threads: int) -> None:
+def start_worker(threads: int, parent: int) -> None:
     import torch
 
+    die_with_parent(parent)
     quiet_console()
     torch.set_num_threads(threads)
+
+
+def die_with_parent(parent: int) -> None:
+    """On Linux a worker is sent SIGTERM when the benchmark process dies, however it dies;
+    otherwise a benchmark killed with SIGTERM or SIGKILL leaves its workers to run to the end of
+    their run. Elsewhere they stop when they next ask for a job."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the benchmark died before the line above
+        os._exit(1)
 
 
 def one_run_json(*job) -> str:

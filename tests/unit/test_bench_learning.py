@@ -2,8 +2,12 @@
 
 import json
 import math
-import statistics
+import os
 import shutil
+import signal
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -590,3 +594,54 @@ def test_strategies_with_settings_of_their_own_pool_and_one_strategy_at_two_sett
         main(["--from-json", a, b, c])
     assert (f"--from-json {c}: full was trained with --set nothing there and with scheduler.priority.retest=false in an "
             "earlier file" in capsys.readouterr().err)
+
+
+KILLED_PARENT = """
+import os, sys, threading
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+from benchmarks.learning import start_worker
+
+def block(path):
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    threading.Event().wait()  # a run that would go on for minutes
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker,
+                               initargs=(1, os.getpid()))
+    pool.submit(block, sys.argv[1]).result()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_a_killed_benchmark_takes_its_workers_with_it(tmp_path):
+    """kill -9 of `prl bench learning` stops its spawned workers too; before, each ran on to the
+    end of its run, taking the cores from whatever ran next."""
+    from prl.servers import wait_until
+
+    def alive(pid: int) -> bool:  # a zombie left for a parent that is gone counts as stopped
+        status = Path(f"/proc/{pid}/status")
+        try:
+            return "\tZ" not in next(ln for ln in status.read_text().splitlines() if ln.startswith("State:"))
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    (tmp_path / "parent.py").write_text(KILLED_PARENT)
+    pid_file = tmp_path / "worker.pid"
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(pid_file)], cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        wait_until(pid_file.exists, 120, "the worker to start its run")
+        worker = int(pid_file.read_text())
+        assert alive(worker)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        wait_until(lambda: not alive(worker), 30, "the worker to stop with the benchmark")
+    finally:
+        parent.kill()
+        if pid_file.exists() and alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
