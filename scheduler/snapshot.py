@@ -105,20 +105,20 @@ def check_state(state: dict) -> None:
         if len(values) != size:
             raise ValueError(f"scheduler snapshot: {name} has {len(values):,} entries, the sampler {size:,}")
     for name, (values, low, high) in inside.items():
-        outside = [int(v) for v in np.asarray(values, dtype=np.int64).ravel() if not low <= v < high]
-        if outside:
+        held = np.asarray(values, dtype=np.int64).ravel()
+        outside = held[(held < low) | (held >= high)]
+        if outside.size:
             raise ValueError(f"scheduler snapshot: {name} holds {outside[0]}, outside {low}..{high - 1}")
 
 
 def sampler_fields(sampler: dict) -> tuple[int, dict, dict]:
     """A sampler state's pool size; its fields with their expected lengths; its fields of
     indices with the range ``[low, high)`` they must lie in."""
-    if sampler_kind(sampler) == "uniform":
-        problems, order = len(sampler["attempts"]), sampler.get("pass_order", [])
+    kind, problems, groups = sampler_size(sampler)
+    if kind == "uniform":
+        order = sampler.get("pass_order", [])
         return problems, {"successes": (sampler["successes"], problems)}, {
             "pass_order": (order, 0, problems), "pass_position": ([sampler.get("pass_position", 0)], 0, len(order) + 1)}
-    problems = len(sampler["arrays"]["group"])
-    groups = sampler.get("groups", len(sampler["unseen_order"]))
     orders = sampler["unseen_order"]
     if sorted(orders, key=int) != [str(g) for g in range(groups)]:
         raise ValueError(f"scheduler snapshot: unseen_order is for groups {sorted(orders, key=int)}, "
@@ -150,20 +150,19 @@ def expect_state(state: dict, kind: str, problems: int, groups: int | None = Non
     """A snapshot's sampler state is for this kind of sampler (``uniform`` or ``priority``),
     pool size and number of prior groups; otherwise ConfigError naming both sides and the fix
     (a run continued, or explained, with another configuration than it was started with)."""
-    written = sampler_kind(state)
-    if written == "priority":
-        size, prior_groups = len(state["arrays"]["group"]), state.get("groups", len(state["unseen_order"]))
-    else:
-        size, prior_groups = len(state["attempts"]), None
-    if (written, size, prior_groups) != (kind, problems, groups):
-        raise ConfigError(f"the scheduler snapshot holds a {describe(written, size, prior_groups)}, this configuration "
+    written = sampler_size(state)
+    if written != (kind, problems, groups):
+        raise ConfigError(f"the scheduler snapshot holds a {describe(*written)}, this configuration "
                           f"makes a {describe(kind, problems, groups)}: give the run the configuration it was started with "
                           "(scheduler.strategy, scheduler.priority.prior, task), or use a new run directory")
 
 
-def sampler_kind(state: dict) -> str:
-    """``priority`` or ``uniform``: the sampler a state was written by (older snapshots: by their keys)."""
-    return state.get("sampler") or ("priority" if "arrays" in state else "uniform")
+def sampler_size(state: dict) -> tuple[str, int, int | None]:
+    """The sampler a state was written by (``priority`` or ``uniform``; older snapshots: by their
+    keys), its pool size and its number of prior groups (None for the uniform sampler)."""
+    if (state.get("sampler") or ("priority" if "arrays" in state else "uniform")) == "priority":
+        return "priority", len(state["arrays"]["group"]), state.get("groups", len(state["unseen_order"]))
+    return "uniform", len(state["attempts"]), None
 
 
 def describe(kind: str, problems: int, groups: int | None) -> str:
