@@ -58,6 +58,9 @@ the same settings (other seeds, other strategies) into one table, goal lines and
 ``--reference C.json ...`` beside it adds runs on another training pool (the ceiling: the
 learnable problems alone), set against the same baselines but not counted as strategies, and
 every strategy set against each of them (how far it stays from the ceiling).
+``--tuning A.json ...`` trains nothing either: it lists, per strategy and tuning set (seeds, pool,
+budget), every setting the stored tuning runs tried, highest median area first: the tuning rule's
+pick.
 ``--jobs N`` makes N runs at once, each in its own process (default: one per core).
 """
 
@@ -892,6 +895,90 @@ def curves_path(task: str | None, mode: str = "default") -> str:
     return "docs/bench-learning-curves.png" if MODES[mode][2] == BUILTIN_POOL else f"docs/bench-learning-{mode}-curves.png"
 
 
+def stored_runs_only(ap, args, flag: str, allowed: str) -> None:
+    """Exit with one line if a flag that only a training run can use came with ``flag``."""
+    given = [f"--{k.replace('_', '-')}" for k in TRAINING_FLAGS if getattr(args, k) != ap.get_default(k)]
+    if given:
+        ap.error(f"{flag} trains nothing, so {' '.join(given)} cannot apply: the stored runs keep the "
+                 f"settings they were trained with (only {allowed} do)")
+
+
+# The tuning rule applied by the command, not by hand (--tuning): every reported row runs at the
+# setting with the highest median area on tuning seeds no reported run uses; the reported seeds
+# measure, they pick nothing. Each strategy's stored tuning runs are listed with the others tuned on
+# the same thing (task, pool, budget, evaluation and seeds: only those compare; the mode only sets
+# those, and each run records its rate and steps), highest area first: the first is the pick.
+
+def seed_span(seeds: list[int]) -> str:
+    """Seeds as "100-109" when they run without a gap, else listed."""
+    seeds = sorted(seeds)
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+    return ",".join(map(str, seeds))
+
+
+def pool_key(pool) -> str:
+    """A training pool as one string whichever way it was given (the mode's list, or --pool's
+    text with or without spaces), so runs on the same pool compare."""
+    if pool is None:
+        return "the task's default draw"
+    try:
+        pool = json.loads(pool) if isinstance(pool, str) else pool
+    except ValueError:
+        return str(pool)
+    return json.dumps(pool, separators=(", ", ": "))
+
+
+def tried_settings(paths: list[str], smooth: int) -> dict[tuple, list[dict]]:
+    """Each (strategy, what it was tuned on) with the settings tried there: rate, steps per
+    batch, --set items, median area over its seeds, and the file. Raises ValueError naming a
+    file that is not this benchmark's (as ``--from-json`` does)."""
+    tried: dict[tuple, list[dict]] = {}
+    for path in paths:
+        results, stored, rates = pooled_runs([path], smooth, flag="--tuning")
+        budget = stored_budget(stored)
+        for name, runs in results.items():
+            where = (name, stored.get("task") or "built-in", pool_key(stored_pool(stored)), budget,
+                     stored.get("eval_every"), stored.get("heldout"), seed_span([r["seed"] for r in runs]))
+            tried.setdefault(where, []).append({
+                "lr": rates.get(name), "updates": runs[0]["updates"], "set": runs[0]["set"], "file": Path(path).name,
+                "auc": statistics.median(area_under_curve(r, budget) for r in runs)})
+    for rows in tried.values():
+        rows.sort(key=lambda row: -row["auc"])
+    return tried
+
+
+def picks_text(tried: dict[tuple, list[dict]]) -> list[str]:
+    """Per strategy and tuning set: what it was tuned on, then one line per setting (area, rate,
+    steps, file), the pick first with its --set items, every other setting with the items it
+    adds to the pick's (+) and lacks (-)."""
+    lines = []
+    for (name, task, pool, budget, every, heldout, seeds), rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
+        lines.append(f"{name}: {task}, pool {pool}, {budget:,} rollouts, evaluated every {every}, "
+                     f"held-out {heldout}, seeds {seeds}; {len(rows)} setting(s), highest area first")
+        pick = rows[0]["set"]
+        for i, row in enumerate(rows):
+            rate = "config" if row["lr"] is None else f"{row['lr']:g}"
+            items = " ".join(pick) if i == 0 else " ".join(
+                [f"+{item}" for item in row["set"] if item not in pick] + [f"-{item}" for item in pick if item not in row["set"]])
+            lines.append(f"  {'pick' if i == 0 else '    '} AUC {row['auc']:.4f}  lr {rate:<8} steps {row['updates']}  "
+                         f"[{row['file']}]  {items or ('--set none' if i == 0 else 'the same --set')}")
+    return lines
+
+
+def tuning_picks(ap, args) -> int:
+    """``--tuning``: every setting tried per strategy and tuning set, the rule's pick first."""
+    if args.from_json:
+        ap.error("--tuning lists the settings tried, --from-json pools runs to report: give one of them")
+    stored_runs_only(ap, args, "--tuning", "--smooth")
+    try:
+        tried = tried_settings(args.tuning, args.smooth)
+    except ValueError as exc:
+        ap.error(str(exc))
+    print("\n".join(picks_text(tried)))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learning", description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 13 min on "
@@ -933,14 +1020,16 @@ def main(argv=None) -> int:
                     "and evaluation on another training pool (e.g. the learnable problems alone, what a perfect "
                     "dead-problem filter gives), pooled as --from-json pools, shown after the goal lines and set "
                     "against its baselines; not baselines themselves")
+    ap.add_argument("--tuning", nargs="+", metavar="PATH", help="train nothing: list each strategy's settings in these "
+                    "stored tuning runs (each with the others of the same seeds, pool and budget) by median area under "
+                    "the curve, the highest, the tuning rule's pick, first")
     args = ap.parse_args(argv)
     if args.reference and not args.from_json:
         ap.error("--reference sets stored runs against the baselines of --from-json's runs: give --from-json too")
+    if args.tuning:
+        return tuning_picks(ap, args)
     if args.from_json:
-        given = [f"--{k.replace('_', '-')}" for k in TRAINING_FLAGS if getattr(args, k) != ap.get_default(k)]
-        if given:
-            ap.error(f"--from-json trains nothing, so {' '.join(given)} cannot apply: the stored runs keep the "
-                     "settings they were trained with (only --strategies, --smooth, --targets, --png and --json do)")
+        stored_runs_only(ap, args, "--from-json", "--strategies, --smooth, --targets, --png and --json")
         try:
             results, stored, rates = pooled_runs(args.from_json, args.smooth, args.strategies)
             reference = pooled_runs(args.reference, args.smooth, flag="--reference") if args.reference else None

@@ -596,6 +596,42 @@ def test_strategies_with_settings_of_their_own_pool_and_one_strategy_at_two_sett
             "earlier file" in capsys.readouterr().err)
 
 
+def test_tuning_files_list_each_strategys_settings_highest_area_first_only_against_the_same_seeds(tmp_path, capsys):
+    """The tuning rule by the command: per strategy, the settings tried on the same seeds and pool
+    ranked by median area, the pick first with its items, the others with theirs against it; runs
+    on other seeds or another pool are another list, not a rival."""
+    low = stored(tmp_path / "tune-low.json", 100, {"full": [[0.30, 0.32, 0.34], [0.30, 0.33, 0.35]],
+                                                   "uniform": [[0.30, 0.31, 0.32], [0.30, 0.31, 0.32]]}, lr=["full=5e-5"])
+    high = stored(tmp_path / "tune-high.json", 100, {"full": [[0.30, 0.36, 0.38], [0.30, 0.35, 0.37]]},
+                  set=["scheduler.replay.ratio=1.0", "learner.updates_per_batch=2"])
+    other_seeds = stored(tmp_path / "tune-other.json", 110, {"full": [[0.30, 0.40, 0.40], [0.30, 0.40, 0.40]]})
+    other_pool = stored(tmp_path / "tune-pool.json", 100, {"full": [[0.30, 0.40, 0.40], [0.30, 0.40, 0.40]]}, pool="96")
+    assert main(["--tuning", low, high, other_seeds, other_pool, "--smooth", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = out.index(next(line for line in out if line.startswith("full: ") and "seeds 100-101" in line
+                        and "pool the task's default draw" in line))
+    assert "2 setting(s), highest area first" in out[at]
+    pick, other = out[at + 1].split(), out[at + 2].split()
+    assert pick[0] == "pick" and pick[-2:] == ["[tune-high.json]", "scheduler.replay.ratio=1.0"]
+    assert pick[pick.index("steps") + 1] == "2" and pick[pick.index("lr") + 1] == "config"
+    assert other[-2:] == ["[tune-low.json]", "-scheduler.replay.ratio=1.0"] and other[other.index("lr") + 1] == "5e-05"
+    assert float(pick[pick.index("AUC") + 1]) > float(other[other.index("AUC") + 1])
+    assert any(line.startswith("full: ") and "seeds 110-111" in line for line in out)  # its own list, not a rival
+    assert any(line.startswith("full: ") and "pool 96" in line for line in out)
+    assert any(line.startswith("uniform: ") and "1 setting(s)" in line for line in out)
+
+
+def test_tuning_beside_from_json_or_a_training_flag_fails_with_one_line(tmp_path, capsys):
+    a = stored(tmp_path / "a.json", 100, {"uniform": [[0.1, 0.2]]})
+    for argv, reason in ((["--tuning", a, "--from-json", a], "give one of them"),
+                         (["--tuning", a, "--seeds", "3"], "--tuning trains nothing, so --seeds cannot apply")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert reason in err and "Traceback" not in err
+
+
 KILLED_PARENT = """
 import os, sys, threading
 from concurrent.futures import ProcessPoolExecutor
