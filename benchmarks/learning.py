@@ -58,6 +58,9 @@ the same settings (other seeds, other strategies) into one table, goal lines and
 ``--reference C.json ...`` beside it adds runs on another training pool (the ceiling: the
 learnable problems alone), set against the same baselines but not counted as strategies, and
 every strategy set against each of them (how far it stays from the ceiling).
+``--picks`` runs the reported rows (README's table: the baselines in passes, the flat prior, the
+label's group prior, its shuffled control and full method, the likelihood groups and their full
+method), each at its tuning pick (``PICKS``), so its runs pool with the stored thirty seeds.
 ``--tuning A.json ...`` trains nothing either: it lists, per strategy and tuning set (seeds, pool,
 budget), every setting the stored tuning runs tried, highest median area first: the tuning rule's
 pick.
@@ -147,6 +150,24 @@ LR = {"uniform": 2.5e-5, "dapo_filter": 5e-5, "priority_flat": 2.5e-5, "priority
 # so its pair stays too, the stronger baseline.
 UPDATES = {"uniform": 2, "dapo_filter": 2, "priority_group": 2, "priority_shuffled": 2, "priority_flat_screen": 2,
            "dapo_screen": 2}
+# The reported rows (README, "Where it stands"): each strategy at its tuning pick (``--tuning``; the
+# shuffled control at the group prior's, uniform at the stronger of its two best rates on the
+# reported seeds), as the --lr and --set items their runs record, so ``--picks`` runs pool with the
+# stored thirty seeds. The baselines' pick is drawing in passes (BASELINE_SETS).
+LABEL_PICK = ["scheduler.priority.weight=solvable", "scheduler.priority.pseudo_count=1000", "scheduler.priority.retest=false",
+              "scheduler.priority.unseen_share=0", "scheduler.priority.mode=periodic", "scheduler.filter_zero_variance=false"]
+GROUP_PICK = [*LABEL_PICK, "scheduler.priority.group_start_weight=0.2"]
+LIKELIHOOD_PICK = [*LABEL_PICK, "scheduler.priority.solvable_groups=5"]
+PICKS = {
+    "uniform": [], "dapo_filter": [],
+    "priority_flat": ["scheduler.priority.weight=signal", "scheduler.priority.retest=false", "scheduler.priority.alpha=0.1",
+                      "scheduler.priority.beta=0.1", "scheduler.priority.mode=periodic",
+                      "scheduler.priority.unseen_clock=periodic"],
+    "priority_group": GROUP_PICK, "priority_shuffled": GROUP_PICK, "full": [*GROUP_PICK, "scheduler.replay.ratio=1.0"],
+    "priority_likelihood": LIKELIHOOD_PICK, "full_likelihood": [*LIKELIHOOD_PICK, "scheduler.replay.ratio=1.0"],
+}
+PICK_LR = {name: 2.5e-5 for name in PICKS if name not in ("uniform", "dapo_filter")}  # the baselines: LR's
+PICK_UPDATES = 2  # every pick takes two optimizer steps per batch
 MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # replaces UPDATES in that mode: a strategy not named takes one step
 MU = "learner.updates_per_batch"
 BUILTIN_POOL = "[20, 100, 100, 100]"  # training problems per difficulty of the built-in task: revisited ~5 times
@@ -829,7 +850,7 @@ def commits_line(results: dict[str, list[dict]]) -> str:
 
 
 TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "eval_every", "heldout", "pool", "lr",
-                  "set", "jobs")  # what --from-json cannot apply: the stored runs were trained with their own
+                  "set", "jobs", "picks")  # what --from-json cannot apply: the stored runs were trained with their own
 
 
 def override_scope(item: str) -> tuple[str | None, str]:
@@ -966,6 +987,19 @@ def picks_text(tried: dict[tuple, list[dict]]) -> list[str]:
     return lines
 
 
+def with_picks(ap, args) -> list[str]:
+    """``--picks``: the strategies to run (the reported rows unless named), each one's pick put
+    before the given --lr and --set items (which still override it)."""
+    if args.task or args.mode != "default":
+        ap.error("--picks: the picks were tuned on the built-in task's default mode; drop --task and --mode")
+    strategies = args.strategies or list(PICKS)
+    if unpicked := [name for name in strategies if name not in PICKS]:
+        ap.error(f"--picks: no reported row for {' '.join(unpicked)} (the rows: {' '.join(PICKS)})")
+    args.lr = [*(f"{name}={PICK_LR[name]}" for name in strategies if name in PICK_LR), *args.lr]
+    args.set = [*(f"{name}:{item}" for name in strategies for item in [*PICKS[name], f"{MU}={PICK_UPDATES}"]), *args.set]
+    return strategies
+
+
 def tuning_picks(ap, args) -> int:
     """``--tuning``: every setting tried per strategy and tuning set, the rule's pick first."""
     if args.from_json:
@@ -1020,6 +1054,9 @@ def main(argv=None) -> int:
                     "and evaluation on another training pool (e.g. the learnable problems alone, what a perfect "
                     "dead-problem filter gives), pooled as --from-json pools, shown after the goal lines and set "
                     "against its baselines; not baselines themselves")
+    ap.add_argument("--picks", action="store_true", help="run the reported rows (default: all eight of them) each at "
+                    "its tuning pick (PICKS), so the runs pool with the stored thirty seeds; the built-in task's "
+                    "default mode only")
     ap.add_argument("--tuning", nargs="+", metavar="PATH", help="train nothing: list each strategy's settings in these "
                     "stored tuning runs (each with the others of the same seeds, pool and budget) by median area under "
                     "the curve, the highest, the tuning rule's pick, first")
@@ -1063,6 +1100,8 @@ def main(argv=None) -> int:
         seeds, budget, mode_strategies = REAL["seeds"], REAL["budget"], REAL["strategies"]
     seeds, budget = args.seeds or seeds, args.budget or budget
     strategies = args.strategies or mode_strategies
+    if args.picks:
+        strategies = with_picks(ap, args)
     args.set = [*(item for item in BASELINE_SETS if override_scope(item)[0] in strategies), *args.set]
     if args.task:
         pool = args.pool or str(REAL["pool"])

@@ -621,6 +621,49 @@ def test_tuning_files_list_each_strategys_settings_highest_area_first_only_again
     assert any(line.startswith("uniform: ") and "1 setting(s)" in line for line in out)
 
 
+def reported_files() -> list[tuple[Path, list[str] | None]]:
+    """The stored runs README's standing command pools (--from-json's files, with any :STRATEGY)."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "README.md").read_text()
+    block = text[text.index("**Where it stands**"):]
+    block = block[block.index("--from-json"):block.index("--reference")]
+    items = [word for word in block.split() if word.startswith("benchmarks/results/")]
+    assert len(items) >= 6
+    return [(root / item.partition(":")[0], item.partition(":")[2].split(",") if ":" in item else None) for item in items]
+
+
+def test_the_picks_are_the_settings_every_reported_row_was_trained_at(tmp_path, monkeypatch):
+    """`--picks` launches each reported row at the rate, steps and --set items its stored thirty
+    seeds record (so its runs pool with them), and those are README's rows, every one."""
+    import benchmarks.learning as learning
+
+    launched, ran = untrained_runs(monkeypatch), {}
+    monkeypatch.setattr(learning, "report", lambda args, results, *rest: ran.update(results))
+    assert main(["--picks", "--seeds", "1", "--png", str(tmp_path / "c.png")]) == 0
+    assert list(ran) == list(learning.PICKS)
+    rows = set()
+    for path, only in reported_files():
+        for name, runs in json.loads(path.read_text())["runs"].items():
+            if only and name not in only:
+                continue
+            rows.add(name)
+            for run in runs:
+                assert (run["lr"], run["updates"], run["set"]) == (ran[name][0]["lr"], ran[name][0]["updates"],
+                                                                     ran[name][0]["set"]), (path.name, name)
+            assert f"learner.lr={run['lr']}" in launched[name] and "learner.updates_per_batch=2" in launched[name]
+    assert rows == set(learning.PICKS)
+
+
+def test_picks_on_another_mode_or_for_a_strategy_without_a_reported_row_fail_with_one_line(capsys):
+    for argv, reason in ((["--picks", "--mode", "large-pool"], "drop --task and --mode"),
+                         (["--picks", "--strategies", "replay_alone"], "no reported row for replay_alone")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert reason in err and "Traceback" not in err
+
+
 def test_tuning_beside_from_json_or_a_training_flag_fails_with_one_line(tmp_path, capsys):
     a = stored(tmp_path / "a.json", 100, {"uniform": [[0.1, 0.2]]})
     for argv, reason in ((["--tuning", a, "--from-json", a], "give one of them"),
