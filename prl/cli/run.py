@@ -175,7 +175,7 @@ def draw(cfg, scheduler) -> None:
     run_dir = cfg.run.run_dir.rstrip("/")
     learning_curve(read_run_metrics(run_dir), f"{run_dir}/learning_curve.png")
     priority_histogram(scheduler.sampler.priorities(), scheduler.sampler.success_rates(), f"{run_dir}/priority_histogram.png",
-                       f"scheduler at the end ({cfg.scheduler.strategy})")
+                       f"scheduler at the end ({cfg.scheduler.strategy})", cfg.scheduler.priority.weight)
 
 
 def summarize(learner, start: dict, first_step: int, seconds: float) -> dict:
