@@ -924,11 +924,8 @@ def stored_runs_only(ap, args, flag: str, allowed: str) -> None:
                  f"settings they were trained with (only {allowed} do)")
 
 
-# The tuning rule applied by the command, not by hand (--tuning): every reported row runs at the
-# setting with the highest median area on tuning seeds no reported run uses; the reported seeds
-# measure, they pick nothing. Each strategy's stored tuning runs are listed with the others tuned on
-# the same thing (task, pool, budget, evaluation and seeds: only those compare; the mode only sets
-# those, and each run records its rate and steps), highest area first: the first is the pick.
+# --tuning: the tuning rule by the command. A strategy's settings compare only when tuned on the same
+# task, pool, budget, evaluation and seeds (the mode only sets those; each run records its rate and steps).
 
 def seed_span(seeds: list[int]) -> str:
     """Seeds as "100-109" when they run without a gap, else listed."""

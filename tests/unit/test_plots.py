@@ -21,7 +21,8 @@ def test_learning_curve_lines(monkeypatch, tmp_path, difficulties, labels):
 @pytest.mark.parametrize("weight, top", [("variance", 0.25), ("signal", 1.0), ("solvable", 1.0)])
 def test_the_priority_histogram_spans_what_the_weight_can_be(monkeypatch, tmp_path, weight, top, recwarn):
     """A chance weighs up to 1, p(1-p) up to 1/4: every problem is counted in a bar, and the
-    axis names the weight (a p(1-p) axis once hid every problem of a "solvable" run and warned)."""
+    axis names the weight (a p(1-p) axis once left every problem above 1/4 of a "solvable" run
+    outside the bars, and warned when none was left inside)."""
     import numpy as np
 
     drawn = []
