@@ -16,11 +16,16 @@ from scheduler.snapshot import expect_state
 class UniformSampler:
     """Every problem not in flight is equally likely: drawn independently (with replacement), or
     with ``passes`` in shuffled passes over the pool, each problem once per pass, as a data
-    loader's epochs (one in flight when its turn comes is passed over until the next pass)."""
+    loader's epochs (one in flight when its turn comes is passed over until the next pass).
+    With ``drop_unsolved`` a problem whose whole group fails is not drawn again: a dead-problem
+    filter without a label, one look decides (when every problem not retired is dropped, the
+    drops are forgiven and the pool starts over)."""
 
-    def __init__(self, num_problems: int, seed: int = 0, passes: bool = False):
+    def __init__(self, num_problems: int, seed: int = 0, passes: bool = False, drop_unsolved: bool = False):
         self.n = num_problems
         self.passes = passes
+        self.drop_unsolved = drop_unsolved
+        self.dropped: set[int] = set()  # problems a whole failed group took out (drop_unsolved)
         self.rng = np.random.default_rng(seed)
         self.attempts = np.zeros(num_problems, dtype=np.int32)
         self.successes = np.zeros(num_problems, dtype=np.float32)
@@ -29,10 +34,12 @@ class UniformSampler:
         self.pos = 0
 
     def next(self, k: int, busy: set[int]) -> list[int]:
+        if self.dropped and len(self.dropped | self.retired) >= self.n:
+            self.dropped.clear()  # nothing left to draw: every dropped problem gets another look
         out: list[int] = []
-        while len(out) < k and len(busy) + len(out) + len(self.retired) < self.n:
+        while len(out) < k and len(busy - self.dropped) + len(out) + len(self.retired | self.dropped) < self.n:
             i = self._next_in_pass() if self.passes else int(self.rng.integers(self.n))
-            if i not in busy and i not in out and i not in self.retired:
+            if i not in busy and i not in out and i not in self.retired and i not in self.dropped:
                 out.append(i)
         return out
 
@@ -48,6 +55,8 @@ class UniformSampler:
     def observe_many(self, idx, solved, attempts, version: int) -> None:
         np.add.at(self.attempts, np.asarray(idx), np.asarray(attempts, dtype=np.int32))
         np.add.at(self.successes, np.asarray(idx), np.asarray(solved, dtype=np.float32))
+        if self.drop_unsolved:
+            self.dropped.update(int(i) for i, s in zip(idx, solved) if s == 0)
 
     def on_version(self, version: int) -> None:
         pass
@@ -61,7 +70,8 @@ class UniformSampler:
 
     def state_dict(self) -> dict:
         return {"sampler": "uniform", "rng": self.rng.bit_generator.state, "attempts": self.attempts.copy(),
-                "successes": self.successes.copy(), "pass_order": self.order.copy(), "pass_position": self.pos}
+                "successes": self.successes.copy(), "pass_order": self.order.copy(), "pass_position": self.pos,
+                "dropped": sorted(self.dropped)}
 
     def load_state_dict(self, state: dict) -> None:
         expect_state(state, "uniform", self.n)
@@ -70,10 +80,11 @@ class UniformSampler:
         self.successes[:] = state["successes"]
         self.order = np.asarray(state.get("pass_order", []), dtype=np.int64)  # older snapshots: a new pass
         self.pos = int(state.get("pass_position", 0))
+        self.dropped = {int(i) for i in state.get("dropped", [])}  # older snapshots: none dropped
 
     def metrics(self) -> dict:
         seen = self.attempts > 0
-        return {"problems_seen": int(seen.sum()), "retest_share": 0.0,
+        return {"problems_seen": int(seen.sum()), "retest_share": 0.0, "problems_dropped": len(self.dropped),
                 "never_dispatched_share": float((~seen).sum() - len(self.retired)) / max(1, self.n)}
 
     def priorities(self):
@@ -89,7 +100,7 @@ def make_sampler(cfg, groups, seed: int, group_start=None, group_size: int = 8):
     ``group_start[g]`` group g's starting rate (default 1/2), ``group_size`` the completions
     of a whole group (sampling.group_size)."""
     if cfg.strategy in ("uniform", "dapo_filter"):
-        return UniformSampler(len(groups), seed, cfg.uniform_passes)
+        return UniformSampler(len(groups), seed, cfg.uniform_passes, cfg.uniform_drop_unsolved)
     if cfg.strategy == "success_variance":
         from scheduler.priority import PrioritySampler
 

@@ -139,6 +139,7 @@ class SchedulerConfig(Section):
     strategy: Literal["uniform", "dapo_filter", "success_variance"] = Field(
         "success_variance", description="uniform; dapo_filter (uniform, zero-signal groups not trained on); success_variance (p(1-p) priority).")
     uniform_passes: bool = Field(False, description="uniform and dapo_filter: draw the pool in shuffled passes, each problem once per pass (a data loader's epochs), instead of each draw independently.")
+    uniform_drop_unsolved: bool = Field(False, description="uniform and dapo_filter: a problem whose whole group fails is not drawn again (a dead-problem filter without a label: one look decides; when every problem is dropped, the drops are forgiven).")
     priority: PriorityConfig = PriorityConfig()
     replay: ReplayConfig = ReplayConfig()
     max_batch_tokens: int = Field(200_000, ge=1, description="Token budget of one TrainBatch (keeps a message under the broker limit).")
@@ -238,6 +239,9 @@ class Config(Section):
         if screen and self.scheduler.claim_check:
             raise ValueError("scheduler.screen_size does not work with scheduler.claim_check: a completed group "
                              "spans two messages; set one of them off")
+        if self.scheduler.uniform_drop_unsolved and self.scheduler.strategy == "success_variance":
+            raise ValueError("scheduler.uniform_drop_unsolved acts only with strategy uniform or dapo_filter (the priority "
+                             "sampler weighs a failed group itself); set one of them")
         if self.scheduler.max_in_flight < self.scheduler.groups_per_batch:
             raise ValueError("scheduler.max_in_flight must be >= scheduler.groups_per_batch, or no batch can fill")
         module = self.producer.reward.partition(":")[0]

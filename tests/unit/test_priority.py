@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from scheduler.priority import HEAP, SOLVED, UNSOLVED, PrioritySampler
 from scheduler.samplers import UniformSampler
-from schemas.config import ConfigError, PriorityConfig
+from schemas.config import ConfigError, PriorityConfig, load_config
 
 
 def sampler(n=40, groups=4, seed=0, **kw):
@@ -539,3 +539,31 @@ def test_uniform_draws_without_passes_repeat_a_problem_before_the_pool_is_covere
     assert len(set(picks)) < 20  # with replacement: some problem twice, some not at all
     p = UniformSampler(20, seed=1, passes=True)
     assert sorted(i for _ in range(20) for i in p.next(1, set())) == list(range(20))
+
+
+def test_drop_unsolved_leaves_out_a_problem_after_a_failed_group_and_survives_a_snapshot():
+    """uniform_drop_unsolved: a label-free dead-problem filter. After one failed group a problem
+    is never drawn again (passes go on over the rest); a solved or partly solved one stays; a
+    restored sampler keeps its drops; and a pool dropped whole starts over instead of stalling."""
+    s = UniformSampler(10, seed=2, passes=True, drop_unsolved=True)
+    first = s.next(10, set())
+    dead = {0, 3, 7}
+    for i in first:
+        s.observe(i, [0.0] * 8 if i in dead else [1.0] * 4 + [0.0] * 4, version=0)
+    assert s.metrics()["problems_dropped"] == 3
+    later = [i for _ in range(5) for i in s.next(7, set())]
+    assert sorted(set(later)) == sorted(set(range(10)) - dead) and len(later) == 35  # five whole passes of the rest
+    copy = UniformSampler(10, seed=0, passes=True, drop_unsolved=True)
+    copy.load_state_dict(s.state_dict())
+    assert not dead & set(copy.next(20, set()))
+    everything = UniformSampler(4, seed=0, drop_unsolved=True)
+    for i in everything.next(4, set()):
+        everything.observe(i, [0.0] * 8, version=0)
+    assert sorted(everything.next(4, set())) == [0, 1, 2, 3]  # forgiven: nothing else to draw
+    assert UniformSampler(10, seed=2, passes=True).dropped == set()  # off by default: nothing dropped
+
+
+def test_drop_unsolved_is_refused_with_the_priority_sampler():
+    with pytest.raises(ConfigError, match="uniform_drop_unsolved acts only with strategy uniform or dapo_filter"):
+        load_config(overrides=["scheduler.uniform_drop_unsolved=true", "scheduler.strategy='success_variance'"])
+    assert load_config(overrides=["scheduler.uniform_drop_unsolved=true", "scheduler.strategy='uniform'"]).scheduler.uniform_drop_unsolved
