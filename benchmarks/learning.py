@@ -1119,7 +1119,8 @@ def main(argv=None) -> int:
     try:
         lrs = learning_rates(args.task, args.lr, args.mode)
         # each strategy's settings, checked before any run starts
-        configs = {name: load_config(overrides=[*base, *strategy_overrides(args.set, name)]) for name in strategies}
+        configs = {name: load_config(overrides=[*base, *STRATEGIES[name], *strategy_overrides(args.set, name)])
+                   for name in strategies}
     except ValueError as exc:
         ap.error(str(exc))
     scoring = [name for name in strategies if name in LIKELIHOOD]

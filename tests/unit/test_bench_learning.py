@@ -240,6 +240,8 @@ def test_a_real_task_pool_that_is_not_a_problem_count_fails_before_any_import(po
      "full is not among this run's strategies (uniform), so no run would use it"),
     (["--budget", "320", "--strategies", "uniform", "full_likelihood"], "--budget 320: full_likelihood first score the 320 "
      "training problems, charged as 320 rollouts, which leaves nothing to train on"),
+    (["--strategies", "priority_flat", "--set", "scheduler.uniform_drop_unsolved=true"],  # checked with the strategy's own items
+     "scheduler.uniform_drop_unsolved acts only with strategy uniform or dapo_filter"),
 ])
 def test_settings_no_run_could_use_fail_before_any_run_starts(argv, reason, capsys, monkeypatch):
     monkeypatch.setattr("benchmarks.learning.run_all", lambda *a: pytest.fail("a run started"))
@@ -563,6 +565,20 @@ def test_strategies_not_asked_for_are_not_pooled(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--from-json", f"{a}:priority_flat,greedy", "--png", str(tmp_path / "c.png")])
     assert "cannot read it" in capsys.readouterr().err  # not a strategy list: read as a path
+
+
+def test_settings_are_checked_with_the_strategy_they_run_under(monkeypatch):
+    """A --set item valid only with a strategy's own items (its scheduler.strategy) passes the
+    check before any run: the check builds each strategy's config as its runs do."""
+    class Started(Exception):
+        pass
+
+    def start(*args):
+        raise Started
+
+    monkeypatch.setattr("benchmarks.learning.run_all", start)
+    with pytest.raises(Started):  # past the check, at the runs
+        main(["--seeds", "1", "--strategies", "uniform", "--set", "uniform:scheduler.uniform_drop_unsolved=true"])
 
 
 def test_a_setting_scoped_to_one_strategy_reaches_its_runs_alone(monkeypatch):
