@@ -17,9 +17,9 @@ class UniformSampler:
     """Every problem not in flight is equally likely: drawn independently (with replacement), or
     with ``passes`` in shuffled passes over the pool, each problem once per pass, as a data
     loader's epochs (one in flight when its turn comes is passed over until the next pass).
-    With ``drop_unsolved`` a problem whose whole group fails is not drawn again: a dead-problem
-    filter without a label, one look decides (when every problem not retired is dropped, the
-    drops are forgiven and the pool starts over)."""
+    With ``drop_unsolved`` a problem never solved after a whole group is not drawn again: a
+    dead-problem filter without a label (one solved completion, ever, keeps a problem in; when
+    every problem not retired is dropped, the drops are forgiven and the pool starts over)."""
 
     def __init__(self, num_problems: int, seed: int = 0, passes: bool = False, drop_unsolved: bool = False):
         self.n = num_problems
@@ -56,7 +56,7 @@ class UniformSampler:
         np.add.at(self.attempts, np.asarray(idx), np.asarray(attempts, dtype=np.int32))
         np.add.at(self.successes, np.asarray(idx), np.asarray(solved, dtype=np.float32))
         if self.drop_unsolved:
-            self.dropped.update(int(i) for i, s in zip(idx, solved) if s == 0)
+            self.dropped.update(int(i) for i in idx if self.successes[i] == 0)  # never solved, a whole group looked
 
     def on_version(self, version: int) -> None:
         pass

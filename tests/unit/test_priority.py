@@ -542,14 +542,17 @@ def test_uniform_draws_without_passes_repeat_a_problem_before_the_pool_is_covere
 
 
 def test_drop_unsolved_leaves_out_a_problem_after_a_failed_group_and_survives_a_snapshot():
-    """uniform_drop_unsolved: a label-free dead-problem filter. After one failed group a problem
-    is never drawn again (passes go on over the rest); a solved or partly solved one stays; a
-    restored sampler keeps its drops; and a pool dropped whole starts over instead of stalling."""
+    """uniform_drop_unsolved: a label-free dead-problem filter. A problem never solved after a
+    whole group is never drawn again (passes go on over the rest); one solved once stays, whatever
+    its later groups; a restored sampler keeps its drops; and a pool dropped whole starts over
+    instead of stalling."""
     s = UniformSampler(10, seed=2, passes=True, drop_unsolved=True)
     first = s.next(10, set())
     dead = {0, 3, 7}
     for i in first:
         s.observe(i, [0.0] * 8 if i in dead else [1.0] * 4 + [0.0] * 4, version=0)
+    assert s.metrics()["problems_dropped"] == 3
+    s.observe(1, [0.0] * 8, version=1)  # solved before: a failed group does not drop it
     assert s.metrics()["problems_dropped"] == 3
     later = [i for _ in range(5) for i in s.next(7, set())]
     assert sorted(set(later)) == sorted(set(range(10)) - dead) and len(later) == 35  # five whole passes of the rest
