@@ -63,7 +63,7 @@ label's group prior, its shuffled control and full method, the likelihood groups
 method), each at its tuning pick (``PICKS``), so its runs pool with the stored thirty seeds.
 ``--tuning A.json ...`` trains nothing either: it lists, per strategy and tuning set (seeds, pool,
 budget), every setting the stored tuning runs tried, highest median area first: the tuning rule's
-pick.
+pick (``--strategies`` narrows it to theirs).
 ``--jobs N`` makes N runs at once, each in its own process (default: one per core).
 """
 
@@ -1001,12 +1001,22 @@ def tuning_picks(ap, args) -> int:
     """``--tuning``: every setting tried per strategy and tuning set, the rule's pick first."""
     if args.from_json:
         ap.error("--tuning lists the settings tried, --from-json pools runs to report: give one of them")
-    stored_runs_only(ap, args, "--tuning", "--smooth")
+    stored_runs_only(ap, args, "--tuning", "--strategies and --smooth")
+    report_only = [flag for flag, given in (("--targets", args.targets != ap.get_default("targets")),
+                                            ("--png", args.png), ("--json", args.json)) if given]
+    if report_only:
+        ap.error(f"--tuning ranks the settings by area and prints them, so {' '.join(report_only)} cannot apply "
+                 "(only --strategies and --smooth do)")
     try:
         tried = tried_settings(args.tuning, args.smooth)
     except ValueError as exc:
         ap.error(str(exc))
-    print("\n".join(picks_text(tried)))
+    missing = [name for name in args.strategies or [] if name not in {where[0] for where in tried}]
+    if missing:
+        ap.error(f"--strategies {' '.join(missing)}: not in the tuning files "
+                 f"({', '.join(sorted({where[0] for where in tried}))})")
+    print("\n".join(picks_text({where: rows for where, rows in tried.items()
+                                if not args.strategies or where[0] in args.strategies})))
     return 0
 
 
@@ -1056,7 +1066,7 @@ def main(argv=None) -> int:
                     "default mode only")
     ap.add_argument("--tuning", nargs="+", metavar="PATH", help="train nothing: list each strategy's settings in these "
                     "stored tuning runs (each with the others of the same seeds, pool and budget) by median area under "
-                    "the curve, the highest, the tuning rule's pick, first")
+                    "the curve, the highest, the tuning rule's pick, first (with --strategies: theirs alone)")
     args = ap.parse_args(argv)
     if args.reference and not args.from_json:
         ap.error("--reference sets stored runs against the baselines of --from-json's runs: give --from-json too")

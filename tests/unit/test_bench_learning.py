@@ -635,6 +635,9 @@ def test_tuning_files_list_each_strategys_settings_highest_area_first_only_again
     assert any(line.startswith("full: ") and "seeds 110-111" in line for line in out)  # its own list, not a rival
     assert any(line.startswith("full: ") and "pool 96" in line for line in out)
     assert any(line.startswith("uniform: ") and "1 setting(s)" in line for line in out)
+    assert main(["--tuning", low, high, "--strategies", "uniform", "--smooth", "1"]) == 0  # one strategy's lists alone
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out if not line.startswith(" ")] == ["uniform"]
 
 
 def reported_files() -> list[tuple[Path, list[str] | None]]:
@@ -680,10 +683,14 @@ def test_picks_on_another_mode_or_for_a_strategy_without_a_reported_row_fail_wit
         assert reason in err and "Traceback" not in err
 
 
-def test_tuning_beside_from_json_or_a_training_flag_fails_with_one_line(tmp_path, capsys):
+def test_tuning_beside_from_json_a_training_flag_or_a_report_flag_fails_with_one_line(tmp_path, capsys):
     a = stored(tmp_path / "a.json", 100, {"uniform": [[0.1, 0.2]]})
     for argv, reason in ((["--tuning", a, "--from-json", a], "give one of them"),
-                         (["--tuning", a, "--seeds", "3"], "--tuning trains nothing, so --seeds cannot apply")):
+                         (["--tuning", a, "--seeds", "3"], "--tuning trains nothing, so --seeds cannot apply"),
+                         (["--tuning", a, "--targets", "0.4", "--png", "c.png", "--json", "t.json"],
+                          "--tuning ranks the settings by area and prints them, so --targets --png --json cannot apply"),
+                         (["--tuning", a, "--strategies", "uniform", "full"], "--strategies full: not in the tuning "
+                          "files (uniform)")):
         with pytest.raises(SystemExit) as exit_:
             main(argv)
         assert exit_.value.code == 2
