@@ -156,6 +156,13 @@ class SchedulerConfig(Section):
     archive_max_rows: int = Field(10_000, ge=1, description="Rollout groups per archive file, at most.")
     snapshot_every: int = Field(1, ge=0, description="Snapshot state to <run_dir>/scheduler every N batches (0: never). 1 makes restarts exact; with N > 1 a restart recomposes up to N-1 batches and the learner drops the rollouts it already trained.")
 
+    @model_validator(mode="after")
+    def _uniform_only(self) -> "SchedulerConfig":
+        if self.uniform_drop_unsolved and self.strategy == "success_variance":
+            raise ValueError("uniform_drop_unsolved acts only with strategy uniform or dapo_filter (the priority sampler "
+                             "weighs a failed group itself); set one of them")
+        return self
+
 
 class ProducerConfig(Section):
     producer_id: str = Field("producer-0", description="Name in rollouts and logs; pods use their hostname.")
@@ -239,9 +246,6 @@ class Config(Section):
         if screen and self.scheduler.claim_check:
             raise ValueError("scheduler.screen_size does not work with scheduler.claim_check: a completed group "
                              "spans two messages; set one of them off")
-        if self.scheduler.uniform_drop_unsolved and self.scheduler.strategy == "success_variance":
-            raise ValueError("scheduler.uniform_drop_unsolved acts only with strategy uniform or dapo_filter (the priority "
-                             "sampler weighs a failed group itself); set one of them")
         if self.scheduler.max_in_flight < self.scheduler.groups_per_batch:
             raise ValueError("scheduler.max_in_flight must be >= scheduler.groups_per_batch, or no batch can fill")
         module = self.producer.reward.partition(":")[0]

@@ -241,7 +241,7 @@ def test_a_real_task_pool_that_is_not_a_problem_count_fails_before_any_import(po
     (["--budget", "320", "--strategies", "uniform", "full_likelihood"], "--budget 320: full_likelihood first score the 320 "
      "training problems, charged as 320 rollouts, which leaves nothing to train on"),
     (["--strategies", "priority_flat", "--set", "scheduler.uniform_drop_unsolved=true"],  # checked with the strategy's own items
-     "scheduler.uniform_drop_unsolved acts only with strategy uniform or dapo_filter"),
+     "scheduler: uniform_drop_unsolved acts only with strategy uniform or dapo_filter"),
 ])
 def test_settings_no_run_could_use_fail_before_any_run_starts(argv, reason, capsys, monkeypatch):
     monkeypatch.setattr("benchmarks.learning.run_all", lambda *a: pytest.fail("a run started"))

@@ -567,6 +567,6 @@ def test_drop_unsolved_leaves_out_a_problem_after_a_failed_group_and_survives_a_
 
 
 def test_drop_unsolved_is_refused_with_the_priority_sampler():
-    with pytest.raises(ConfigError, match="uniform_drop_unsolved acts only with strategy uniform or dapo_filter"):
+    with pytest.raises(ConfigError, match="scheduler: uniform_drop_unsolved acts only with strategy uniform or dapo_filter"):
         load_config(overrides=["scheduler.uniform_drop_unsolved=true", "scheduler.strategy='success_variance'"])
     assert load_config(overrides=["scheduler.uniform_drop_unsolved=true", "scheduler.strategy='uniform'"]).scheduler.uniform_drop_unsolved
