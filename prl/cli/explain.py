@@ -35,9 +35,16 @@ def explain(cfg, problem_id: str) -> str:
     uses_label = cfg.scheduler.strategy == "success_variance" and cfg.scheduler.priority.prior == "group"
     lines = [f"{problem_id}{f' (group {group[i]!r})' if uses_label else ''} at learner version {state['learner_version']}:"]
     lines += why(sampler, i, cfg.scheduler) if cfg.scheduler.strategy == "success_variance" else \
-        [f"  chosen uniformly (strategy {cfg.scheduler.strategy}); tried {int(sampler.attempts[i])} rollouts"]
+        why_uniform(sampler, i, cfg.scheduler.strategy)
     lines += history(cfg, problem_id, state["learner_version"], replay)
     return "\n".join(lines)
+
+
+def why_uniform(s, i: int, strategy: str) -> list[str]:
+    """A uniform sampler's problem i: how often tried, and whether the drop rule left it out."""
+    dropped = ("; never solved after a whole group, so dropped: not drawn again "
+               "(scheduler.uniform_drop_unsolved)") if i in s.dropped else ""
+    return [f"  chosen uniformly (strategy {strategy}); tried {int(s.attempts[i])} rollouts{dropped}"]
 
 
 def restore_sampler(cfg, problems, state: dict):

@@ -566,6 +566,17 @@ def test_drop_unsolved_leaves_out_a_problem_after_a_failed_group_and_survives_a_
     assert UniformSampler(10, seed=2, passes=True).dropped == set()  # off by default: nothing dropped
 
 
+def test_explain_says_a_uniform_problem_was_dropped():
+    from prl.cli.explain import why_uniform
+
+    s = UniformSampler(3, seed=0, drop_unsolved=True)
+    s.observe(0, [0.0] * 8, version=0)
+    s.observe(1, [1.0] + [0.0] * 7, version=0)
+    assert why_uniform(s, 0, "uniform") == ["  chosen uniformly (strategy uniform); tried 8 rollouts; never solved after "
+                                            "a whole group, so dropped: not drawn again (scheduler.uniform_drop_unsolved)"]
+    assert why_uniform(s, 1, "uniform") == ["  chosen uniformly (strategy uniform); tried 8 rollouts"]
+
+
 def test_drop_unsolved_is_refused_with_the_priority_sampler():
     with pytest.raises(ConfigError, match="scheduler: uniform_drop_unsolved acts only with strategy uniform or dapo_filter"):
         load_config(overrides=["scheduler.uniform_drop_unsolved=true", "scheduler.strategy='success_variance'"])
