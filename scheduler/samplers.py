@@ -17,15 +17,18 @@ class UniformSampler:
     """Every problem not in flight is equally likely: drawn independently (with replacement), or
     with ``passes`` in shuffled passes over the pool, each problem once per pass, as a data
     loader's epochs (one in flight when its turn comes is passed over until the next pass).
-    With ``drop_unsolved`` a problem never solved after a whole group is not drawn again: a
-    dead-problem filter without a label (one solved completion, ever, keeps a problem in; when
-    every problem not retired is dropped, the drops are forgiven and the pool starts over)."""
+    With ``drop_unsolved`` a problem never solved in its first ``group_size`` completions (a
+    whole group; screens count as their completions) is not drawn again: a dead-problem filter
+    without a label (one solved completion, ever, keeps a problem in; when every problem not
+    retired is dropped, the drops are forgiven and the pool starts over)."""
 
-    def __init__(self, num_problems: int, seed: int = 0, passes: bool = False, drop_unsolved: bool = False):
+    def __init__(self, num_problems: int, seed: int = 0, passes: bool = False, drop_unsolved: bool = False,
+                 group_size: int = 8):
         self.n = num_problems
         self.passes = passes
         self.drop_unsolved = drop_unsolved
-        self.dropped: set[int] = set()  # problems a whole failed group took out (drop_unsolved)
+        self.group_size = group_size
+        self.dropped: set[int] = set()  # problems never solved after a whole group (drop_unsolved)
         self.rng = np.random.default_rng(seed)
         self.attempts = np.zeros(num_problems, dtype=np.int32)
         self.successes = np.zeros(num_problems, dtype=np.float32)
@@ -56,7 +59,7 @@ class UniformSampler:
         np.add.at(self.attempts, np.asarray(idx), np.asarray(attempts, dtype=np.int32))
         np.add.at(self.successes, np.asarray(idx), np.asarray(solved, dtype=np.float32))
         if self.drop_unsolved:
-            self.dropped.update(int(i) for i in idx if self.successes[i] == 0)  # never solved, a whole group looked
+            self.dropped.update(int(i) for i in idx if self.successes[i] == 0 and self.attempts[i] >= self.group_size)
 
     def on_version(self, version: int) -> None:
         pass
@@ -100,7 +103,7 @@ def make_sampler(cfg, groups, seed: int, group_start=None, group_size: int = 8):
     ``group_start[g]`` group g's starting rate (default 1/2), ``group_size`` the completions
     of a whole group (sampling.group_size)."""
     if cfg.strategy in ("uniform", "dapo_filter"):
-        return UniformSampler(len(groups), seed, cfg.uniform_passes, cfg.uniform_drop_unsolved)
+        return UniformSampler(len(groups), seed, cfg.uniform_passes, cfg.uniform_drop_unsolved, group_size)
     if cfg.strategy == "success_variance":
         from scheduler.priority import PrioritySampler
 

@@ -139,7 +139,7 @@ class SchedulerConfig(Section):
     strategy: Literal["uniform", "dapo_filter", "success_variance"] = Field(
         "success_variance", description="uniform; dapo_filter (uniform, zero-signal groups not trained on); success_variance (p(1-p) priority).")
     uniform_passes: bool = Field(False, description="uniform and dapo_filter: draw the pool in shuffled passes, each problem once per pass (a data loader's epochs), instead of each draw independently.")
-    uniform_drop_unsolved: bool = Field(False, description="uniform and dapo_filter: a problem never solved after a whole group is not drawn again (a dead-problem filter without a label; one solved completion, ever, keeps a problem in; when every problem is dropped, the drops are forgiven).")
+    uniform_drop_unsolved: bool = Field(False, description="uniform and dapo_filter: a problem never solved in its first sampling.group_size completions (a whole group) is not drawn again (a dead-problem filter without a label; one solved completion, ever, keeps a problem in; when every problem is dropped, the drops are forgiven).")
     priority: PriorityConfig = PriorityConfig()
     replay: ReplayConfig = ReplayConfig()
     max_batch_tokens: int = Field(200_000, ge=1, description="Token budget of one TrainBatch (keeps a message under the broker limit).")

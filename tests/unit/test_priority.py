@@ -564,6 +564,11 @@ def test_drop_unsolved_leaves_out_a_problem_after_a_failed_group_and_survives_a_
         everything.observe(i, [0.0] * 8, version=0)
     assert sorted(everything.next(4, set())) == [0, 1, 2, 3]  # forgiven: nothing else to draw
     assert UniformSampler(10, seed=2, passes=True).dropped == set()  # off by default: nothing dropped
+    screened = UniformSampler(2, seed=0, drop_unsolved=True, group_size=8)
+    screened.observe(0, [0.0, 0.0], version=0)  # a failed screen of 2 is not yet a whole group
+    assert screened.dropped == set()
+    screened.observe(0, [0.0] * 6, version=0)
+    assert screened.dropped == {0}
 
 
 def test_explain_says_a_uniform_problem_was_dropped():
