@@ -1020,10 +1020,10 @@ def tuning_picks(ap, args) -> int:
         tried = tried_settings(args.tuning, args.smooth)
     except ValueError as exc:
         ap.error(str(exc))
-    missing = [name for name in args.strategies or [] if name not in {where[0] for where in tried}]
+    listed = {where[0] for where in tried}
+    missing = [name for name in args.strategies or [] if name not in listed]
     if missing:
-        ap.error(f"--strategies {' '.join(missing)}: not in the tuning files "
-                 f"({', '.join(sorted({where[0] for where in tried}))})")
+        ap.error(f"--strategies {' '.join(missing)}: not in the tuning files ({', '.join(sorted(listed))})")
     print("\n".join(picks_text({where: rows for where, rows in tried.items()
                                 if not args.strategies or where[0] in args.strategies})))
     return 0

@@ -40,7 +40,8 @@ class UniformSampler:
         if self.dropped and len(self.dropped | self.retired) >= self.n:
             self.dropped.clear()  # nothing left to draw: every dropped problem gets another look
         out: list[int] = []
-        while len(out) < k and len(busy - self.dropped) + len(out) + len(self.retired | self.dropped) < self.n:
+        unavailable = len(busy - self.dropped) + len(self.retired | self.dropped)  # fixed while drawing
+        while len(out) < k and unavailable + len(out) < self.n:
             i = self._next_in_pass() if self.passes else int(self.rng.integers(self.n))
             if i not in busy and i not in out and i not in self.retired and i not in self.dropped:
                 out.append(i)
