@@ -201,13 +201,20 @@ REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized: 8-12 min 
 POOL_SEED = 0  # the real task's pool draw: one pool for every strategy and seed
 
 
+def strategy_settings(name: str, base: list[str], extra: list[str], run: list[str] = ()) -> list[str]:
+    """The overrides a run of strategy ``name`` loads, in one order wherever they are composed (the
+    check before any run and each run): the mode's ``base``, the strategy's own items, the run's
+    own (directory, seed, evaluation), then ``extra``, its rate, steps per batch and --set items."""
+    return [*base, *STRATEGIES[name], *run, *extra]
+
+
 def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str], extra: list[str] = ()) -> dict:
     from prl.cli.run import run_pipeline
     from prl.metrics import read_metrics
 
     with tempfile.TemporaryDirectory() as run_dir:
-        overrides = [*base, *STRATEGIES[name], f"run.run_dir='{run_dir}'", f"run.seed={seed}",
-                     f"learner.eval_every_rollouts={eval_every}", *extra]
+        overrides = strategy_settings(name, base, list(extra), [f"run.run_dir='{run_dir}'", f"run.seed={seed}",
+                                                                f"learner.eval_every_rollouts={eval_every}"])
         scored = 0
         if name in LIKELIHOOD:
             scored = likelihood_groups(load_config(overrides=overrides), f"{run_dir}/groups.parquet")
@@ -601,14 +608,19 @@ def real_task_base(task: str, pool: int) -> list[str]:
             f"sampling.max_tokens={cfg.sampling.max_tokens}", f"learner.lr={cfg.learner.lr}", "learner.bf16_autocast=true"]
 
 
+def strategy_extras(args, strategies: list[str], lrs: dict[str, float]) -> dict[str, list[str]]:
+    """Each strategy's items after its own: its rate, its steps per batch (the mode's), its --set items."""
+    tuned = {} if args.task else MODE_UPDATES.get(args.mode, UPDATES)
+    return {name: [*([f"learner.lr={lrs[name]}"] if name in lrs else []), *([f"{MU}={tuned[name]}"] if name in tuned else []),
+                   *strategy_overrides(args.set, name)] for name in strategies}
+
+
 def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: int, lrs: dict[str, float]) -> dict[str, list[dict]]:
     """Every strategy on every seed, seed-major (a partial run still compares every strategy);
     with ``--jobs N``, N runs at once, each in its own process."""
     from tqdm import tqdm
 
-    tuned = {} if args.task else MODE_UPDATES.get(args.mode, UPDATES)
-    extra = {name: [*([f"learner.lr={lrs[name]}"] if name in lrs else []), *([f"{MU}={tuned[name]}"] if name in tuned else []),
-                    *strategy_overrides(args.set, name)] for name in strategies}
+    extra = strategy_extras(args, strategies, lrs)
     jobs = [(name, seed, budget, args.eval_every, base, extra[name])
             for seed in range(args.first_seed, args.first_seed + seeds) for name in strategies]
     results: dict[str, list[dict]] = {}
@@ -1137,9 +1149,9 @@ def main(argv=None) -> int:
                      f"would use it; add it to --strategies or drop the item")
     try:
         lrs = learning_rates(args.task, args.lr, args.mode)
-        # each strategy's settings, checked before any run starts
-        configs = {name: load_config(overrides=[*base, *STRATEGIES[name], *strategy_overrides(args.set, name)])
-                   for name in strategies}
+        extra = strategy_extras(args, strategies, lrs)  # as run_all gives them to each run
+        # each strategy's settings, checked before any run starts, as its runs compose them
+        configs = {name: load_config(overrides=strategy_settings(name, base, extra[name])) for name in strategies}
     except ValueError as exc:
         ap.error(str(exc))
     scoring = [name for name in strategies if name in LIKELIHOOD]

@@ -581,6 +581,23 @@ def test_settings_are_checked_with_the_strategy_they_run_under(monkeypatch):
         main(["--seeds", "1", "--strategies", "uniform", "--set", "uniform:scheduler.uniform_drop_unsolved=true"])
 
 
+def test_the_check_before_the_runs_loads_each_strategy_as_its_runs_do(monkeypatch):
+    """The config checked before any run is composed as each run composes its own (one helper,
+    so the two cannot drift): the strategy's items, then its rate, steps per batch and --set items."""
+    import benchmarks.learning as learning
+
+    checked, real_load = [], learning.load_config
+    launched = untrained_runs(monkeypatch)
+    monkeypatch.setattr(learning, "load_config", lambda overrides: checked.append(overrides) or real_load(overrides=overrides))
+    monkeypatch.setattr(learning, "report", lambda *a, **k: None)
+    assert main(["--seeds", "1", "--strategies", "uniform", "priority_flat", "--lr", "uniform=1e-5",
+                 "--set", "uniform:scheduler.uniform_drop_unsolved=true"]) == 0
+    assert {"learner.lr=1e-05", "learner.updates_per_batch=2", "scheduler.uniform_drop_unsolved=true"} <= set(launched["uniform"])
+    for name in ("uniform", "priority_flat"):
+        own = [*learning.STRATEGIES[name], *launched[name]]
+        assert any(items[-len(own):] == own for items in checked), name
+
+
 def test_a_setting_scoped_to_one_strategy_reaches_its_runs_alone(monkeypatch):
     """--set STRATEGY:KEY=VALUE changes that strategy's runs and no other's (so one run compares
     a setting against baselines without it); each run records the items it took."""
