@@ -968,19 +968,36 @@ def pool_key(pool) -> str:
     return json.dumps(pool, separators=(", ", ": "))
 
 
+def named_strategy(name: str, items: list[str]) -> tuple[str, list[str]]:
+    """The strategy a run of ``name`` with --set ``items`` ran as, and the items left over: the
+    most specific strategy whose own items are ``name``'s plus some of ``items`` (uniform with
+    scheduler.uniform_passes=true and scheduler.uniform_drop_unsolved=true ran as uniform_drop),
+    unless a leftover item sets a key those added ones set; else ``name`` and ``items``."""
+    own, best = set(STRATEGIES[name]), None
+    for other, theirs in STRATEGIES.items():
+        added = set(theirs) - own
+        keys = {item.partition("=")[0] for item in added}
+        if (own < set(theirs) and added <= set(items) and (best is None or len(theirs) > len(STRATEGIES[best]))
+                and not any(item.partition("=")[0] in keys for item in items if item not in added)):
+            best = other
+    return (name, items) if best is None else (best, [item for item in items if item not in STRATEGIES[best]])
+
+
 def tried_settings(paths: list[str], smooth: int) -> dict[tuple, list[dict]]:
     """Each (strategy, what it was tuned on) with the settings tried there: rate, steps per
-    batch, --set items, median area over its seeds, and the file. Raises ValueError naming a
-    file that is not this benchmark's (as ``--from-json`` does)."""
+    batch, --set items, median area over its seeds, and the file; a run listed under the strategy
+    it ran as (``named_strategy``). Raises ValueError naming a file that is not this benchmark's
+    (as ``--from-json`` does)."""
     tried: dict[tuple, list[dict]] = {}
     for path in paths:
         results, stored, rates = pooled_runs([path], smooth, flag="--tuning")
         budget = stored_budget(stored)
         for name, runs in results.items():
-            where = (name, stored.get("task") or "built-in", pool_key(stored_pool(stored)), budget,
+            strategy, items = named_strategy(name, runs[0]["set"])
+            where = (strategy, stored.get("task") or "built-in", pool_key(stored_pool(stored)), budget,
                      stored.get("eval_every"), stored.get("heldout"), seed_span([r["seed"] for r in runs]))
             tried.setdefault(where, []).append({
-                "lr": rates.get(name), "updates": runs[0]["updates"], "set": runs[0]["set"], "file": Path(path).name,
+                "lr": rates.get(name), "updates": runs[0]["updates"], "set": items, "file": Path(path).name,
                 "auc": statistics.median(area_under_curve(r, budget) for r in runs)})
     for rows in tried.values():
         rows.sort(key=lambda row: -row["auc"])
@@ -1087,7 +1104,8 @@ def main(argv=None) -> int:
                     "default mode only")
     ap.add_argument("--tuning", nargs="+", metavar="PATH", help="train nothing: list each strategy's settings in these "
                     "stored tuning runs (each with the others of the same seeds, pool and budget) by median area under "
-                    "the curve, the highest, the tuning rule's pick, first (with --strategies: theirs alone)")
+                    "the curve, the highest, the tuning rule's pick, first (with --strategies: theirs alone); a run whose --set "
+                    "items make it another strategy (uniform with uniform_drop's items) is listed as that one")
     args = ap.parse_args(argv)
     if args.reference and not args.from_json:
         ap.error("--reference sets stored runs against the baselines of --from-json's runs: give --from-json too")

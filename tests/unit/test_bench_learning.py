@@ -657,6 +657,28 @@ def test_tuning_files_list_each_strategys_settings_highest_area_first_only_again
     assert [line.split(":")[0] for line in out if not line.startswith(" ")] == ["uniform"]
 
 
+def test_tuning_lists_a_run_under_the_strategy_its_set_items_made_it(tmp_path, capsys):
+    """A uniform run whose --set items are uniform_drop's own ran as uniform_drop, and --tuning
+    lists it there beside runs made under that name (not at the top of uniform's list); the
+    group prior and the likelihood groups, alike in their items, stay apart."""
+    from benchmarks.learning import named_strategy
+
+    drop = ["scheduler.uniform_passes=true", "scheduler.uniform_drop_unsolved=true"]
+    assert named_strategy("uniform", [*drop, "learner.clip_low=0.3"]) == ("uniform_drop", ["learner.clip_low=0.3"])
+    assert named_strategy("uniform", drop[:1]) == ("uniform", drop[:1])  # passes alone: still uniform
+    assert named_strategy("priority_group", ["x=1"]) == ("priority_group", ["x=1"])  # not priority_likelihood
+    assert named_strategy("uniform", [*drop, "scheduler.uniform_passes=false"])[0] == "uniform"  # a leftover undoes it
+    as_uniform = stored(tmp_path / "tune-a.json", 100, {"uniform": [[0.30, 0.40, 0.40], [0.30, 0.40, 0.40]]}, set=drop)
+    plain = stored(tmp_path / "tune-b.json", 100, {"uniform": [[0.30, 0.32, 0.33], [0.30, 0.32, 0.33]]}, set=drop[:1])
+    named = stored(tmp_path / "tune-c.json", 100, {"uniform_drop": [[0.30, 0.35, 0.36], [0.30, 0.35, 0.36]]})
+    assert main(["--tuning", as_uniform, plain, named, "--smooth", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    lists = {line.split(":")[0]: i for i, line in enumerate(out) if not line.startswith(" ")}
+    assert "2 setting(s)" in out[lists["uniform_drop"]] and "1 setting(s)" in out[lists["uniform"]]
+    assert out[lists["uniform_drop"] + 1].split()[-3:] == ["[tune-a.json]", "--set", "none"]  # its own items: none left
+    assert "[tune-b.json]" in out[lists["uniform"] + 1]
+
+
 def reported_files() -> list[tuple[Path, list[str] | None]]:
     """The stored runs README's standing command pools (--from-json's files, with any :STRATEGY)."""
     root = Path(__file__).resolve().parents[2]
