@@ -998,7 +998,7 @@ def tried_settings(paths: list[str], smooth: int) -> dict[tuple, list[dict]]:
                      stored.get("eval_every"), stored.get("heldout"), seed_span([r["seed"] for r in runs]))
             tried.setdefault(where, []).append({
                 "lr": rates.get(name), "updates": runs[0]["updates"], "set": items, "file": Path(path).name,
-                "auc": statistics.median(area_under_curve(r, budget) for r in runs)})
+                "code": runs[0]["commit"], "auc": statistics.median(area_under_curve(r, budget) for r in runs)})
     for rows in tried.values():
         rows.sort(key=lambda row: -row["auc"])
     return tried
@@ -1006,8 +1006,8 @@ def tried_settings(paths: list[str], smooth: int) -> dict[tuple, list[dict]]:
 
 def picks_text(tried: dict[tuple, list[dict]]) -> list[str]:
     """Per strategy and tuning set: what it was tuned on, then one line per setting (area, rate,
-    steps, file), the pick first with its --set items, every other setting with the items it
-    adds to the pick's (+) and lacks (-)."""
+    steps, the code that ran it, file), the pick first with its --set items, every other setting
+    with the items it adds to the pick's (+) and lacks (-)."""
     lines = []
     for (name, task, pool, budget, every, heldout, seeds), rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
         lines.append(f"{name}: {task}, pool {pool}, {budget:,} rollouts, evaluated every {every}, "
@@ -1018,7 +1018,7 @@ def picks_text(tried: dict[tuple, list[dict]]) -> list[str]:
             items = " ".join(pick) if i == 0 else " ".join(
                 [f"+{item}" for item in row["set"] if item not in pick] + [f"-{item}" for item in pick if item not in row["set"]])
             lines.append(f"  {'pick' if i == 0 else '    '} AUC {row['auc']:.4f}  lr {rate:<8} steps {row['updates']}  "
-                         f"[{row['file']}]  {items or ('--set none' if i == 0 else 'the same --set')}")
+                         f"code {row['code']:<10}  [{row['file']}]  {items or ('--set none' if i == 0 else 'the same --set')}")
     return lines
 
 

@@ -670,13 +670,16 @@ def test_tuning_lists_a_run_under_the_strategy_its_set_items_made_it(tmp_path, c
     assert named_strategy("uniform", [*drop, "scheduler.uniform_passes=false"])[0] == "uniform"  # a leftover undoes it
     as_uniform = stored(tmp_path / "tune-a.json", 100, {"uniform": [[0.30, 0.40, 0.40], [0.30, 0.40, 0.40]]}, set=drop)
     plain = stored(tmp_path / "tune-b.json", 100, {"uniform": [[0.30, 0.32, 0.33], [0.30, 0.32, 0.33]]}, set=drop[:1])
-    named = stored(tmp_path / "tune-c.json", 100, {"uniform_drop": [[0.30, 0.35, 0.36], [0.30, 0.35, 0.36]]})
+    named = stored(tmp_path / "tune-c.json", 100, {"uniform_drop": [[0.30, 0.35, 0.36], [0.30, 0.35, 0.36]]},
+                   code={"commit": "855ee9e0123", "dirty": True})
     assert main(["--tuning", as_uniform, plain, named, "--smooth", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     lists = {line.split(":")[0]: i for i, line in enumerate(out) if not line.startswith(" ")}
     assert "2 setting(s)" in out[lists["uniform_drop"]] and "1 setting(s)" in out[lists["uniform"]]
     assert out[lists["uniform_drop"] + 1].split()[-3:] == ["[tune-a.json]", "--set", "none"]  # its own items: none left
     assert "[tune-b.json]" in out[lists["uniform"] + 1]
+    assert "code 855ee9e+    [tune-c.json]" in out[lists["uniform_drop"] + 2]  # the code each setting ran at
+    assert "code unrecorded  [tune-a.json]" in out[lists["uniform_drop"] + 1]  # a file from before commits were kept
 
 
 def reported_files() -> list[tuple[Path, list[str] | None]]:
