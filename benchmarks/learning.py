@@ -166,13 +166,14 @@ LABEL_PICK = ["scheduler.priority.weight=solvable", "scheduler.priority.pseudo_c
               "scheduler.priority.unseen_share=0", "scheduler.priority.mode=periodic", "scheduler.filter_zero_variance=false"]
 GROUP_PICK = [*LABEL_PICK, "scheduler.priority.group_start_weight=0.2"]
 LIKELIHOOD_PICK = [*LABEL_PICK, "scheduler.priority.solvable_groups=5"]
+FIRST_PASS = "scheduler.priority.unseen_clock=periodic"  # the first look at the pool as a pass
 PICKS = {
     "uniform": [], "dapo_filter": [],
     "priority_flat": ["scheduler.priority.weight=signal", "scheduler.priority.retest=false", "scheduler.priority.alpha=0.1",
-                      "scheduler.priority.beta=0.1", "scheduler.priority.mode=periodic",
-                      "scheduler.priority.unseen_clock=periodic"],
+                      "scheduler.priority.beta=0.1", "scheduler.priority.mode=periodic", FIRST_PASS],
     "priority_group": GROUP_PICK, "priority_shuffled": GROUP_PICK, "full": [*GROUP_PICK, "scheduler.replay.ratio=1.0"],
-    "priority_likelihood": LIKELIHOOD_PICK, "full_likelihood": [*LIKELIHOOD_PICK, "scheduler.replay.ratio=1.0"],
+    "priority_likelihood": [*LIKELIHOOD_PICK, FIRST_PASS],
+    "full_likelihood": [*LIKELIHOOD_PICK, "scheduler.replay.ratio=1.0", FIRST_PASS],
 }
 PICK_LR = {name: 2.5e-5 for name in PICKS if name not in ("uniform", "dapo_filter")}  # the baselines: LR's
 PICK_UPDATES = 2  # every pick takes two optimizer steps per batch
