@@ -895,9 +895,14 @@ def recorded_overrides(items: list[str], name: str) -> list[str]:
     return [item for item in strategy_overrides(items, name) if not sets_mu(item)]
 
 
+def override_key(item: str) -> str:
+    """The KEY of a KEY=VALUE override."""
+    return item.partition("=")[0].strip()
+
+
 def sets_mu(item: str) -> bool:
     """Whether a KEY=VALUE override sets the optimizer steps per batch."""
-    return item.partition("=")[0].strip() == MU
+    return override_key(item) == MU
 
 
 def updates_per_batch(overrides: list[str]) -> int:
@@ -977,9 +982,9 @@ def named_strategy(name: str, items: list[str]) -> tuple[str, list[str]]:
     own, best = set(STRATEGIES[name]), None
     for other, theirs in STRATEGIES.items():
         added = set(theirs) - own
-        keys = {item.partition("=")[0] for item in added}
-        if (own < set(theirs) and added <= set(items) and (best is None or len(theirs) > len(STRATEGIES[best]))
-                and not any(item.partition("=")[0] in keys for item in items if item not in added)):
+        undone = {override_key(item) for item in items if item not in added} & set(map(override_key, added))
+        more_specific = best is None or len(theirs) > len(STRATEGIES[best])
+        if own < set(theirs) and added <= set(items) and not undone and more_specific:
             best = other
     return (name, items) if best is None else (best, [item for item in items if item not in STRATEGIES[best]])
 
