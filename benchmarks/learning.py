@@ -817,6 +817,7 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None,
                         raise ValueError(f"{name} was trained at {mu} optimizer steps per batch there and at "
                                          f"{updates[name]} in an earlier file: only runs of the same settings pool")
                     items = run.get("set", recorded_overrides(stored.get("set") or [], name))  # older files: their --set
+                    items = effective_overrides(items)  # files before effective_overrides: overridden items too
                     if overrides.setdefault(name, items) != items:
                         raise ValueError(f"{name} was trained with --set {' '.join(items) or 'nothing'} there and with "
                                          f"{' '.join(overrides[name]) or 'nothing'} in an earlier file: only runs of the "
@@ -891,13 +892,20 @@ def strategy_overrides(items: list[str], name: str) -> list[str]:
 
 def recorded_overrides(items: list[str], name: str) -> list[str]:
     """What a run of ``name`` records as its --set: its items without the steps per batch, which
-    it records (and pooling checks) apart."""
-    return [item for item in strategy_overrides(items, name) if not sets_mu(item)]
+    it records (and pooling checks) apart; one item per key, the one that acted."""
+    return effective_overrides([item for item in strategy_overrides(items, name) if not sets_mu(item)])
 
 
 def override_key(item: str) -> str:
     """The KEY of a KEY=VALUE override."""
     return item.partition("=")[0].strip()
+
+
+def effective_overrides(items: list[str]) -> list[str]:
+    """KEY=VALUE overrides as they act: per key only the one given last (it overrides the others,
+    as --picks' items are overridden by the --set given with it), in the order given."""
+    last = {override_key(item): i for i, item in enumerate(items)}
+    return [item for i, item in enumerate(items) if last[override_key(item)] == i]
 
 
 def sets_mu(item: str) -> bool:

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.learning import (against_baselines, against_reference, area_under_curve, bootstrap_interval,
                                  censored_median, cores, crossing, curves_path, difficulty_cells, difficulty_differences,
-                                 difficulty_finals, goals, main,
+                                 difficulty_finals, effective_overrides, goals, main,
                                  median_difference, pool_accuracy, pool_median, pool_rows, rollouts_ratio, smoothed,
                                  STRATEGIES)
 
@@ -682,6 +682,21 @@ def test_tuning_lists_a_run_under_the_strategy_its_set_items_made_it(tmp_path, c
     assert "code unrecorded  [tune-a.json]" in out[lists["uniform_drop"] + 1]  # a file from before commits were kept
 
 
+def test_an_item_set_again_pools_and_lists_as_the_one_that_acted(tmp_path, capsys):
+    """A --set item that overrides a pick's item of the same key (the run trained with the later
+    one) pools with runs given that one alone, and --tuning lists the run with it alone."""
+    ratio, other = "scheduler.replay.ratio", "scheduler.priority.mode=periodic"
+    again = stored(tmp_path / "tune-a.json", 100, {"full": [[0.30, 0.40, 0.40]]}, set=[f"{ratio}=1.0", other, f"{ratio}=2.0"])
+    once = stored(tmp_path / "tune-b.json", 101, {"full": [[0.30, 0.40, 0.40]]}, set=[other, f"{ratio}=2.0"])
+    assert main(["--from-json", again, once, "--smooth", "1", "--png", str(tmp_path / "c.png")]) == 0
+    assert "seeds per strategy: full 2" in capsys.readouterr().out
+    lower = stored(tmp_path / "tune-c.json", 100, {"full": [[0.30, 0.35, 0.35]]}, set=[other, f"{ratio}=1.0"])
+    assert main(["--tuning", again, lower, "--smooth", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].endswith(f"[tune-a.json]  {other} {ratio}=2.0")
+    assert out[2].endswith(f"[tune-c.json]  +{ratio}=1.0 -{ratio}=2.0")
+
+
 def reported_files() -> list[tuple[Path, list[str] | None]]:
     """The stored runs README's standing command pools (--from-json's files, with any :STRATEGY)."""
     root = Path(__file__).resolve().parents[2]
@@ -709,8 +724,8 @@ def test_the_picks_are_the_settings_every_reported_row_was_trained_at(tmp_path, 
                 continue
             rows.add(name)
             for run in runs:
-                assert (run["lr"], run["updates"], run["set"]) == (ran[name][0]["lr"], ran[name][0]["updates"],
-                                                                     ran[name][0]["set"]), (path.name, name)
+                trained = (run["lr"], run["updates"], effective_overrides(run["set"]))  # as it pools
+                assert trained == (ran[name][0]["lr"], ran[name][0]["updates"], ran[name][0]["set"]), (path.name, name)
             assert f"learner.lr={run['lr']}" in launched[name] and "learner.updates_per_batch=2" in launched[name]
     assert rows == set(learning.PICKS)
 
