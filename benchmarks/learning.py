@@ -171,9 +171,9 @@ PICKS = {
     "uniform": [], "dapo_filter": [],
     "priority_flat": ["scheduler.priority.weight=signal", "scheduler.priority.retest=false", "scheduler.priority.alpha=0.1",
                       "scheduler.priority.beta=0.1", "scheduler.priority.mode=periodic", FIRST_PASS],
-    "priority_group": GROUP_PICK, "priority_shuffled": GROUP_PICK, "full": [*GROUP_PICK, "scheduler.replay.ratio=1.0"],
+    "priority_group": GROUP_PICK, "priority_shuffled": GROUP_PICK, "full": [*GROUP_PICK, "scheduler.replay.ratio=2.0"],
     "priority_likelihood": [*LIKELIHOOD_PICK, FIRST_PASS],
-    "full_likelihood": [*LIKELIHOOD_PICK, "scheduler.replay.ratio=1.0", FIRST_PASS],
+    "full_likelihood": [*LIKELIHOOD_PICK, FIRST_PASS, "scheduler.replay.ratio=2.0"],
 }
 PICK_LR = {name: 2.5e-5 for name in PICKS if name not in ("uniform", "dapo_filter")}  # the baselines: LR's
 PICK_UPDATES = 2  # every pick takes two optimizer steps per batch
