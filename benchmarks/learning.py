@@ -817,7 +817,7 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None,
                         raise ValueError(f"{name} was trained at {mu} optimizer steps per batch there and at "
                                          f"{updates[name]} in an earlier file: only runs of the same settings pool")
                     items = run.get("set", recorded_overrides(stored.get("set") or [], name))  # older files: their --set
-                    items = effective_overrides(items)  # files before effective_overrides: overridden items too
+                    items = effective_overrides(items)  # as they acted: older files kept overridden items too
                     if overrides.setdefault(name, items) != items:
                         raise ValueError(f"{name} was trained with --set {' '.join(items) or 'nothing'} there and with "
                                          f"{' '.join(overrides[name]) or 'nothing'} in an earlier file: only runs of the "
