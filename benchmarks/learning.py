@@ -897,8 +897,8 @@ def recorded_overrides(items: list[str], name: str) -> list[str]:
 
 
 def override_key(item: str) -> str:
-    """The KEY of a KEY=VALUE override."""
-    return item.partition("=")[0].strip()
+    """The KEY of a KEY=VALUE override, as the config reads it (``parse_override``)."""
+    return ".".join(parse_override(item)[0])
 
 
 def effective_overrides(items: list[str]) -> list[str]:

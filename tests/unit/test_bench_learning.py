@@ -704,7 +704,7 @@ def reported_files() -> list[tuple[Path, list[str] | None]]:
     block = text[text.index("**Where it stands**"):]
     block = block[block.index("--from-json"):block.index("--reference")]
     items = [word for word in block.split() if word.startswith("benchmarks/results/")]
-    assert len(items) >= 5  # the command pools five files (and the rows check below covers every strategy)
+    assert len(items) >= 5  # the command pools several files (and the rows check below covers every strategy)
     return [(root / item.partition(":")[0], item.partition(":")[2].split(",") if ":" in item else None) for item in items]
 
 
