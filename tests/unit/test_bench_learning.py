@@ -697,6 +697,34 @@ def test_an_item_set_again_pools_and_lists_as_the_one_that_acted(tmp_path, capsy
     assert out[2].endswith(f"[tune-c.json]  +{ratio}=1.0 -{ratio}=2.0")
 
 
+def test_a_setting_replaces_the_reported_one_only_past_the_margin(tmp_path, capsys):
+    """The tuning rule with its margin: a setting less than ADOPT_MARGIN above the reported row's
+    setting by area is listed above it, marked "~", and the reported one stays the pick; one more
+    than the margin above it becomes the pick. Without a reported setting the highest is the pick."""
+    from benchmarks.learning import ADOPT_MARGIN, MU, PICKS
+
+    def tuned(name, auc, items, seed=100):
+        return stored(tmp_path / f"tune-{name}.json", seed, {"full": [[auc] * 3, [auc] * 3]}, task=None,
+                      set=[*PICKS["full"], f"{MU}=2", *items])
+
+    reported = tuned("reported", 0.380, [])
+    within = tuned("within", 0.380 + ADOPT_MARGIN * 2 / 3, ["learner.clip_low=0.3"])
+    assert main(["--tuning", reported, within, "--smooth", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(f"pick: the reported one, none more than {ADOPT_MARGIN} above it")
+    assert out[1].split()[0] == "~" and "[tune-within.json]  +learner.clip_low=0.3" in out[1]
+    assert out[2].split()[0] == "pick" and "[tune-reported.json] (reported)  scheduler." in out[2]
+    beyond = tuned("beyond", 0.380 + ADOPT_MARGIN * 4 / 3, ["learner.clip_low=0.4"])
+    assert main(["--tuning", reported, within, beyond, "--smooth", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("pick: the highest") and out[1].split()[0] == "pick" and "[tune-beyond.json]" in out[1]
+    assert out[2].split()[0] == "~" and "[tune-within.json]" in out[2]  # within the margin of the new pick
+    assert out[3].split()[0] == "AUC" and "[tune-reported.json] (reported)  -learner.clip_low=0.4" in out[3]
+    other_seeds = tuned("other", 0.380, [], seed=110)  # the reported setting alone on other seeds: still the pick
+    assert main(["--tuning", other_seeds, "--smooth", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("pick: the reported one")
+
+
 def reported_files() -> list[tuple[Path, list[str] | None]]:
     """The stored runs README's standing command pools (--from-json's files, with any :STRATEGY)."""
     root = Path(__file__).resolve().parents[2]
