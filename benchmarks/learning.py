@@ -181,12 +181,14 @@ PICK_LR = {name: 2.5e-5 for name in PICKS if name not in ("uniform", "dapo_filte
 PICK_UPDATES = 2  # every pick takes two optimizer steps per batch
 # The tuning rule's margin: a setting tried on the tuning seeds replaces a row's reported setting
 # (its pick) only when its median area under the curve there is more than this above the pick's.
-# It is how far two draws of one setting on seeds 100-109 have moved apart: 0.0028 (uniform_drop,
-# code that differs in RESULTS.md alone), 0.0020, 0.0015, 0.0010, 0.0009, 0.0001 (the screened
-# flat prior, DAPO, uniform, the group prior, the flat prior at other commits with the same
-# settings; benchmarks/RESULTS.md). Set on 2026-11-29 before the tuning runs it decides; the picks
-# adopted before it by less (ratio 2.0 of both full methods, the likelihood rows' first look as a
-# pass) stay: undoing them now would choose on the reported seeds, which read them lower.
+# It is how far two draws of one competitive setting on seeds 100-109 have moved apart: 0.0028
+# (uniform_drop, code that trains alike), 0.0020, 0.0015, 0.0010, 0.0009, 0.0001 (the screened flat
+# prior, DAPO, uniform, the group prior, the flat prior with the same settings at commits that
+# differ elsewhere). A setting that starves the pool moved more (0.0079: the flat prior screened at
+# Beta(0.01, 0.01), whose median run never reaches 0.36; benchmarks/RESULTS.md). Set on 2026-11-29
+# before the tuning runs it decides; the picks adopted before it by less (ratio 2.0 of both full
+# methods, the likelihood rows' first look as a pass) stay: undoing them now would choose on the
+# reported seeds, which read them lower.
 ADOPT_MARGIN = 0.003
 MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # replaces UPDATES in that mode: a strategy not named takes one step
 MU = "learner.updates_per_batch"
