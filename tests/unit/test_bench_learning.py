@@ -725,6 +725,25 @@ def test_a_setting_replaces_the_reported_one_only_past_the_margin(tmp_path, caps
     assert capsys.readouterr().out.splitlines()[0].endswith("pick: the reported one")
 
 
+def test_every_reported_row_is_the_tuning_rules_pick_on_the_stored_tuning_runs():
+    """PICKS and the stored tuning files agree: on the tuning seeds of the reported pool, each
+    reported row's setting is what the rule picks (``--tuning``), so a tuning run that beats a pick
+    past the margin fails here until the row moves; the shuffled control alone runs at another
+    row's pick (the group prior's), as a control must."""
+    from benchmarks.learning import (BUILTIN_POOL, PICKS, pool_key, reported_setting, rule_pick, tried_settings,
+                                     tuned_setting)
+
+    root = Path(__file__).resolve().parents[2]
+    tried = tried_settings(sorted(str(path) for path in (root / "benchmarks/results").glob("tune-*.json")), 3)
+    checked = set()
+    for (name, task, pool, *_, seeds), rows in tried.items():
+        if name in PICKS and (task, pool, seeds) == ("built-in", pool_key(BUILTIN_POOL), "100-109"):
+            checked.add(name)
+            if name != "priority_shuffled":
+                assert tuned_setting(rows[rule_pick(rows, reported_setting(name))]) == reported_setting(name), name
+    assert checked == set(PICKS)
+
+
 def reported_files() -> list[tuple[Path, list[str] | None]]:
     """The stored runs README's standing command pools (--from-json's files, with any :STRATEGY)."""
     root = Path(__file__).resolve().parents[2]
