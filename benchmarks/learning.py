@@ -180,18 +180,12 @@ PICKS = {
 PICK_LR = {name: 2.5e-5 for name in PICKS if name not in ("uniform", "dapo_filter")}  # the baselines: LR's
 PICK_UPDATES = 2  # every pick takes two optimizer steps per batch
 # The tuning rule's margin: a setting tried on the tuning seeds replaces a row's reported setting
-# (its pick) only when its median area under the curve there is more than this above the pick's.
-# It is the most two draws of one competitive setting on seeds 100-109 have moved apart, rounded
-# up: 0.0044 (the full method's pick drawn again at 9e73155, the same code as its first draw's in
-# what it trains), 0.0028 (uniform_drop, code that trains alike); 0.0049, 0.0020, 0.0015, 0.0010,
-# 0.0009, 0.0001 (the flat prior with 4 groups per batch, the screened flat prior, DAPO, uniform,
-# the group prior, the flat prior with the same settings at commits that differ elsewhere). A setting that starves the pool moved more (0.0079:
-# the flat prior screened at Beta(0.01, 0.01), whose median run never reaches 0.36;
-# benchmarks/RESULTS.md). Set on 2026-11-29 before the tuning runs it decides (first at 0.003 from
-# the pairs before the pick's redraw; raised when the redraw came in, before any run it decides
-# was read); the picks adopted before it by less (ratio 2.0 of both full methods, the likelihood
-# rows' first look as a pass) stay: undoing them now would choose on the reported seeds, which
-# read them lower.
+# (its pick) only when its median area under the curve there is more than this above the pick's:
+# the most two draws of one competitive setting on seeds 100-109 have moved apart (0.0049; the full
+# method's pick drawn twice, 0.0044; the pairs in benchmarks/RESULTS.md, "A margin for the tuning
+# rule"), rounded up. Set on 2026-11-29 before the tuning runs it decides; the picks adopted before
+# it by less (ratio 2.0 of both full methods, the likelihood rows' first look as a pass) stay:
+# undoing them now would choose on the reported seeds, which read them lower.
 ADOPT_MARGIN = 0.005
 MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # replaces UPDATES in that mode: a strategy not named takes one step
 MU = "learner.updates_per_batch"
