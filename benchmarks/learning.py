@@ -183,9 +183,10 @@ PICK_UPDATES = 2  # every pick takes two optimizer steps per batch
 # (its pick) only when its median area under the curve there is more than this above the pick's:
 # the most two draws of one competitive setting on seeds 100-109 have moved apart (0.0049; the full
 # method's pick drawn twice, 0.0044; the pairs in benchmarks/RESULTS.md, "A margin for the tuning
-# rule"), rounded up. Set on 2026-11-29 before the tuning runs it decides; the picks adopted before
-# it by less (ratio 2.0 of both full methods, the likelihood rows' first look as a pass) stay:
-# undoing them now would choose on the reported seeds, which read them lower.
+# rule"), rounded up. Set on 2026-11-29 as the tuning runs it decides began (RESULTS.md gives the
+# order); the picks adopted before it by less (ratio 2.0 of both full methods, the likelihood rows'
+# first look as a pass) stay: undoing them now would choose on the reported seeds, which read them
+# lower.
 ADOPT_MARGIN = 0.005
 MODE_UPDATES = {"large-pool": {"dapo_filter": 2}}  # replaces UPDATES in that mode: a strategy not named takes one step
 MU = "learner.updates_per_batch"
