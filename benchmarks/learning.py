@@ -1029,13 +1029,22 @@ def tried_settings(paths: list[str], smooth: int) -> dict[tuple, list[dict]]:
     return tried
 
 
+def pick_args(name: str) -> tuple[list[str], list[str]]:
+    """The --lr and --set items ``--picks`` gives a reported row: its rate where it has its own, its
+    pick's items and steps per batch, each scoped to it."""
+    rate = [f"{name}={PICK_LR[name]}"] if name in PICK_LR else []
+    return rate, [f"{name}:{item}" for item in [*PICKS[name], f"{MU}={PICK_UPDATES}"]]
+
+
 def reported_setting(name: str) -> tuple[float | None, int, frozenset[str]] | None:
-    """A reported row's setting as its tuning runs record it (rate, steps per batch, --set
-    items: what ``--picks`` gives it); None for a strategy without a reported row."""
+    """A reported row's setting as a ``--picks`` run of it records it (rate, steps per batch,
+    --set items; read through the same functions a run's are); None without a reported row."""
     if name not in PICKS:
         return None
-    baseline = [override_scope(item)[1] for item in BASELINE_SETS if override_scope(item)[0] == name]
-    return PICK_LR.get(name, LR.get(name)), PICK_UPDATES, frozenset(effective_overrides([*PICKS[name], *baseline]))
+    rate, items = pick_args(name)
+    items = [*BASELINE_SETS, *items]  # as main composes a --picks run's --set
+    return (learning_rates(None, rate)[name], updates_per_batch(strategy_overrides(items, name)),
+            frozenset(recorded_overrides(items, name)))
 
 
 def tuned_setting(row: dict) -> tuple[float | None, int, frozenset[str]]:
@@ -1085,8 +1094,9 @@ def with_picks(ap, args) -> list[str]:
     strategies = args.strategies or list(PICKS)
     if unpicked := [name for name in strategies if name not in PICKS]:
         ap.error(f"--picks: no reported row for {' '.join(unpicked)} (the rows: {' '.join(PICKS)})")
-    args.lr = [*(f"{name}={PICK_LR[name]}" for name in strategies if name in PICK_LR), *args.lr]
-    args.set = [*(f"{name}:{item}" for name in strategies for item in [*PICKS[name], f"{MU}={PICK_UPDATES}"]), *args.set]
+    picked = [pick_args(name) for name in strategies]
+    args.lr = [*(item for rate, _ in picked for item in rate), *args.lr]
+    args.set = [*(item for _, items in picked for item in items), *args.set]
     return strategies
 
 
