@@ -67,7 +67,8 @@ method), each at its tuning pick (``PICKS``), so its runs pool with the stored t
 ``--tuning A.json ...`` trains nothing either: it lists, per strategy and tuning set (seeds, pool,
 budget), every setting the stored tuning runs tried, highest median area first, and marks the
 tuning rule's pick: the reported setting unless one is more than ``ADOPT_MARGIN`` above it, else
-the highest (``--strategies`` narrows it to theirs).
+the highest (``--strategies`` narrows it to theirs; ``--png`` draws each strategy's settings by area,
+the pick and its margin).
 ``--jobs N`` makes N runs at once, each in its own process (default: one per core).
 """
 
@@ -1086,6 +1087,48 @@ def picks_text(tried: dict[tuple, list[dict]]) -> list[str]:
     return lines
 
 
+def tuning_strips(tried: dict[tuple, list[dict]]) -> list[dict]:
+    """What ``tuning_png`` draws, one strip per strategy and tuning set (as ``picks_text`` orders
+    them): its label (strategy, task unless built-in, pool, seeds, settings tried; the list prints
+    the budget and evaluation), every setting's area, the rule's pick's area and the reported
+    setting's (None when the reported setting was not tried there)."""
+    strips = []
+    for (name, task, pool, _, _, _, seeds), rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
+        reported = reported_setting(name) if (task, pool) == ("built-in", pool_key(BUILTIN_POOL)) else None
+        at = next((row["auc"] for row in rows if tuned_setting(row) == reported), None)
+        label = f"{name}{'' if task == 'built-in' else ', ' + task}, pool {pool.replace(', ', ',')}, seeds {seeds}: {len(rows)}"
+        strips.append({"label": label, "areas": [row["auc"] for row in rows],
+                       "pick": rows[rule_pick(rows, reported)]["auc"], "reported": at})
+    return strips
+
+
+def tuning_png(strips: list[dict], out: str) -> None:
+    """Each strip's settings as dots along the area, the pick a diamond inside a band of
+    ADOPT_MARGIN either side (a setting there could not replace it), the reported setting ringed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from prl.plots import save_png
+
+    fig, ax = plt.subplots(figsize=(11, 1.4 + 0.32 * len(strips)))
+    for y, strip in enumerate(reversed(strips)):
+        ax.add_patch(plt.Rectangle((strip["pick"] - ADOPT_MARGIN, y - 0.35), 2 * ADOPT_MARGIN, 0.7, color="C0", alpha=0.15, lw=0))
+        ax.plot(strip["areas"], [y] * len(strip["areas"]), "o", color="grey", ms=4, alpha=0.7)
+        ax.plot([strip["pick"]], [y], "D", color="C0", ms=6)
+        if strip["reported"] is not None:
+            ax.plot([strip["reported"]], [y], "o", mfc="none", mec="C3", ms=10, mew=1.4)
+    ax.set_yticks(range(len(strips)), [strip["label"] for strip in reversed(strips)], fontsize=7)
+    ax.set_ylim(-0.6, len(strips) - 0.4)
+    ax.set_xlabel("median area under the accuracy-vs-rollouts curve over the tuning seeds")
+    ax.set_title(f"prl bench learning --tuning, per strategy, pool and tuning seeds (: settings tried): each setting "
+                 f"(dot),\nthe rule's pick (diamond), its margin of {ADOPT_MARGIN} either side (band), the reported setting (ring)",
+                 fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    save_png(fig, out, 120)
+
+
 def with_picks(ap, args) -> list[str]:
     """``--picks``: the strategies to run (the reported rows unless named), each one's pick put
     before the given --lr and --set items (which still override it)."""
@@ -1104,12 +1147,12 @@ def tuning_picks(ap, args) -> int:
     """``--tuning``: every setting tried per strategy and tuning set, the rule's pick first."""
     if args.from_json:
         ap.error("--tuning lists the settings tried, --from-json pools runs to report: give one of them")
-    stored_runs_only(ap, args, "--tuning", "--strategies and --smooth")
+    stored_runs_only(ap, args, "--tuning", "--strategies, --smooth and --png")
     report_only = [flag for flag, given in (("--targets", args.targets != ap.get_default("targets")),
-                                            ("--png", args.png), ("--json", args.json)) if given]
+                                            ("--json", args.json)) if given]
     if report_only:
         ap.error(f"--tuning ranks the settings by area and prints them, so {' '.join(report_only)} cannot apply "
-                 "(only --strategies and --smooth do)")
+                 "(only --strategies, --smooth and --png do)")
     try:
         tried = tried_settings(args.tuning, args.smooth)
     except ValueError as exc:
@@ -1118,8 +1161,11 @@ def tuning_picks(ap, args) -> int:
     missing = [name for name in args.strategies or [] if name not in listed]
     if missing:
         ap.error(f"--strategies {' '.join(missing)}: not in the tuning files ({', '.join(sorted(listed))})")
-    print("\n".join(picks_text({where: rows for where, rows in tried.items()
-                                if not args.strategies or where[0] in args.strategies})))
+    tried = {where: rows for where, rows in tried.items() if not args.strategies or where[0] in args.strategies}
+    print("\n".join(picks_text(tried)))
+    if args.png:
+        tuning_png(tuning_strips(tried), args.png)
+        print(f"areas: {args.png}")
     return 0
 
 
@@ -1152,7 +1198,8 @@ def main(argv=None) -> int:
     ap.add_argument("--png", help="where the curves go (default docs/bench-learning-curves.png, in large-pool mode "
                     "docs/bench-learning-large-pool-curves.png, with --task docs/bench-learning-TASK-curves.png, so no "
                     "setting overwrites another's figure; with --from-json the temporary directory's "
-                    "bench-learning-pooled-curves.png, so pooling stored runs changes no file of the repository)")
+                    "bench-learning-pooled-curves.png, so pooling stored runs changes no file of the repository; with --tuning "
+                    "no default: the settings tried, by area, drawn only where given)")
     ap.add_argument("--jobs", type=count, default=cores(), help="runs at once, each in its own process with its "
                     "share of the cores (default: one per core; on 2 cores the default mode took 13 min with 2, 28 min "
                     "with --jobs 1, one run after another in this process, benchmarks/RESULTS.md)")
@@ -1170,7 +1217,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tuning", nargs="+", metavar="PATH", help="train nothing: list each strategy's settings in these "
                     "stored tuning runs (each with the others of the same seeds, pool and budget) by median area under "
                     "the curve, highest first, marking the tuning rule's pick (the reported setting unless one is more than "
-                    f"{ADOPT_MARGIN} above it; with --strategies: theirs alone); a run whose --set "
+                    f"{ADOPT_MARGIN} above it; with --strategies: theirs alone; with --png: drawn too); a run whose --set "
                     "items make it another strategy (uniform with uniform_drop's items) is listed as that one")
     args = ap.parse_args(argv)
     if args.reference and not args.from_json:

@@ -11,6 +11,7 @@ def save_png(fig, out_uri: str, dpi: int) -> None:
     """Write a matplotlib figure as PNG to a path or fsspec URI, and close it."""
     import matplotlib.pyplot as plt
 
+    fig.set_dpi(dpi)  # lay out at the resolution written: text does not scale exactly with it
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)

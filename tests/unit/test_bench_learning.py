@@ -725,6 +725,29 @@ def test_a_setting_replaces_the_reported_one_only_past_the_margin(tmp_path, caps
     assert capsys.readouterr().out.splitlines()[0].endswith("pick: the reported one")
 
 
+def test_tuning_draws_each_strategys_settings_by_area_with_the_pick_and_the_reported_one(tmp_path, capsys):
+    """``--tuning --png``: one strip per strategy and tuning set, as the list orders them, holding
+    every setting's area, the rule's pick and the reported setting (none where it was not tried)."""
+    from benchmarks.learning import ADOPT_MARGIN, MU, PICKS, tried_settings, tuning_strips
+
+    def tuned(file, name, auc, items):
+        return stored(tmp_path / file, 100, {name: [[auc] * 3, [auc] * 3]}, task=None, set=[*PICKS[name], f"{MU}=2", *items])
+
+    files = [tuned("reported.json", "full", 0.380, []), tuned("beyond.json", "full", 0.380 + 2 * ADOPT_MARGIN,
+                                                                   ["learner.clip_low=0.3"]),
+             tuned("flat.json", "priority_flat", 0.360, ["learner.clip_low=0.3"])]
+    strips = tuning_strips(tried_settings(files, 1))
+    assert [strip["label"] for strip in strips] == ["full, pool [20,100,100,100], seeds 100-101: 2",
+                                                       "priority_flat, pool [20,100,100,100], seeds 100-101: 1"]
+    assert strips[0]["areas"] == pytest.approx([0.380 + 2 * ADOPT_MARGIN, 0.380])
+    assert strips[0]["pick"] == pytest.approx(0.380 + 2 * ADOPT_MARGIN) and strips[0]["reported"] == pytest.approx(0.380)
+    assert strips[1]["pick"] == pytest.approx(0.360) and strips[1]["reported"] is None  # its reported setting not tried
+    png = tmp_path / "tuning.png"
+    assert main(["--tuning", *files, "--smooth", "1", "--png", str(png)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"areas: {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_every_reported_row_is_the_tuning_rules_pick_on_the_stored_tuning_runs():
     """PICKS and the stored tuning files agree: on the tuning seeds of the reported pool, each
     reported row's setting is what the rule picks (``--tuning``), so a tuning run that beats a pick
@@ -792,7 +815,7 @@ def test_tuning_beside_from_json_a_training_flag_or_a_report_flag_fails_with_one
     for argv, reason in ((["--tuning", a, "--from-json", a], "give one of them"),
                          (["--tuning", a, "--seeds", "3"], "--tuning trains nothing, so --seeds cannot apply"),
                          (["--tuning", a, "--targets", "0.4", "--png", "c.png", "--json", "t.json"],
-                          "--tuning ranks the settings by area and prints them, so --targets --png --json cannot apply"),
+                          "--tuning ranks the settings by area and prints them, so --targets --json cannot apply"),
                          (["--tuning", a, "--strategies", "uniform", "full"], "--strategies full: not in the tuning "
                           "files (uniform)")):
         with pytest.raises(SystemExit) as exit_:
