@@ -561,12 +561,9 @@ def curves_png(results: dict, out: str, targets: list[float], title: str, smooth
     """Every seed's smoothed curve (thin) and the median over seeds (thick), per strategy; the
     ``reference`` runs' medians dashed (another pool or setting, e.g. the ceiling), their seeds
     not drawn."""
-    import matplotlib
+    from prl.plots import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from prl.plots import save_png
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(10, 5.5))
     reference = reference or {}
@@ -1048,6 +1045,11 @@ def reported_setting(name: str) -> tuple[float | None, int, frozenset[str]] | No
             frozenset(recorded_overrides(items, name)))
 
 
+def reported_here(name: str, task: str, pool: str) -> tuple[float | None, int, frozenset[str]] | None:
+    """``reported_setting`` where the row was reported (the built-in task's pool), else None."""
+    return reported_setting(name) if (task, pool) == ("built-in", pool_key(BUILTIN_POOL)) else None
+
+
 def tuned_setting(row: dict) -> tuple[float | None, int, frozenset[str]]:
     """A tuned setting as ``reported_setting`` gives one: rate, steps per batch, --set items."""
     return row["lr"], row["updates"], frozenset(row["set"])
@@ -1069,7 +1071,7 @@ def picks_text(tried: dict[tuple, list[dict]]) -> list[str]:
     "~" marks a setting within ADOPT_MARGIN of the pick, "(reported)" the reported row's setting."""
     lines = []
     for (name, task, pool, budget, every, heldout, seeds), rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
-        reported = reported_setting(name) if (task, pool) == ("built-in", pool_key(BUILTIN_POOL)) else None
+        reported = reported_here(name, task, pool)
         at = rule_pick(rows, reported)
         rule = "the highest" if reported != tuned_setting(rows[at]) else (
             f"the reported one, none more than {ADOPT_MARGIN} above it" if at else "the reported one")
@@ -1094,7 +1096,7 @@ def tuning_strips(tried: dict[tuple, list[dict]]) -> list[dict]:
     setting's (None when the reported setting was not tried there)."""
     strips = []
     for (name, task, pool, _, _, _, seeds), rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
-        reported = reported_setting(name) if (task, pool) == ("built-in", pool_key(BUILTIN_POOL)) else None
+        reported = reported_here(name, task, pool)
         at = next((row["auc"] for row in rows if tuned_setting(row) == reported), None)
         label = f"{name}{'' if task == 'built-in' else ', ' + task}, pool {pool.replace(', ', ',')}, seeds {seeds}: {len(rows)}"
         strips.append({"label": label, "areas": [row["auc"] for row in rows],
@@ -1105,12 +1107,9 @@ def tuning_strips(tried: dict[tuple, list[dict]]) -> list[dict]:
 def tuning_png(strips: list[dict], out: str) -> None:
     """Each strip's settings as dots along the area, the pick a diamond inside a band of
     ADOPT_MARGIN either side (a setting there could not replace it), the reported setting ringed."""
-    import matplotlib
+    from prl.plots import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from prl.plots import save_png
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(11, 1.4 + 0.32 * len(strips)))
     for y, strip in enumerate(reversed(strips)):

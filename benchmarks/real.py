@@ -77,12 +77,9 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
 
 
 def curves_png(runs: list[dict], out: str, minutes: float) -> None:
-    import matplotlib
+    from prl.plots import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from prl.plots import save_png
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, r in enumerate(runs):

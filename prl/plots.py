@@ -23,11 +23,7 @@ def save_png(fig, out_uri: str, dpi: int) -> None:
 def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accuracy") -> bool:
     """Held-out accuracy (overall and per difficulty) against rollouts generated; False (and
     nothing written) when the rows hold no evaluation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     evals = [r for r in rows if "learner/eval/accuracy" in r]
     if not evals:
         return False
@@ -55,10 +51,7 @@ PRIORITY_LABELS = {"variance": "priority p(1-p)", "signal": "priority: chance of
 def priority_histogram(priorities, success_rates, out_uri: str, title: str = "scheduler", weight: str = "variance") -> None:
     """Two panels: the distribution of problem priority (``weight``: p(1-p), up to 1/4, or a
     chance, up to 1), and of observed success rates."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -74,7 +67,8 @@ def priority_histogram(priorities, success_rates, out_uri: str, title: str = "sc
     save_png(fig, out_uri, dpi=100)
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the file-only backend (no display on a server or in CI)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,7 +79,7 @@ def _pyplot():
 
 def by_version(rows: list[dict], out_uri: str) -> None:
     """Mean reward and share of groups with a signal, per policy version (an archive report)."""
-    plt = _pyplot()
+    plt = pyplot()
     versions = [r["policy_version"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(versions, [r["mean_reward"] for r in rows], "k-o", ms=3, label="mean reward")
@@ -99,7 +93,7 @@ def by_version(rows: list[dict], out_uri: str) -> None:
 
 def success_trajectories(series: dict[str, tuple[list, list]], out_uri: str) -> None:
     """Success rate per policy version, one line per difficulty."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, (xs, ys) in series.items():
         ax.plot(xs, ys, "-o", ms=2, label=name)
@@ -115,7 +109,7 @@ def age_histogram(ages, out_uri: str) -> None:
     """Rollout ages (learner version - policy version) at acceptance."""
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.hist(ages, bins=np.arange(ages.min(), ages.max() + 2) - 0.5 if len(ages) else 1, color="tab:blue")
     ax.set_xlabel("age at acceptance (learner version - policy version)")
@@ -131,7 +125,7 @@ def trained_share_by_length(rows: list[dict], out_uri: str, min_count: int = 40)
     than ``min_count`` generated rollouts are left out."""
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, r in enumerate(rows):
         edges = np.asarray(r["length_bin_edges"])
@@ -152,7 +146,7 @@ def trained_share_by_length(rows: list[dict], out_uri: str, min_count: int = 40)
 
 def zero_signal_bars(results: dict, out_uri: str) -> None:
     """Per strategy, the share of generation spent on groups without a signal."""
-    plt = _pyplot()
+    plt = pyplot()
     names = list(results)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.bar(names, [results[n]["zero_signal_share"] for n in names], color="tab:red")
@@ -165,7 +159,7 @@ def zero_signal_bars(results: dict, out_uri: str) -> None:
 def run_report(rows: list[dict], out_uri: str) -> None:
     """One page for a run from every service's metrics: held-out accuracy, reward and loss,
     the share of groups with a signal and of replayed rollouts, rollout ages, stale drops."""
-    plt = _pyplot()
+    plt = pyplot()
     learner = [r for r in rows if "learner/loss" in r]
     evals = [r for r in rows if "learner/eval/accuracy" in r]
     sched = [r for r in rows if r.get("service") == "scheduler" and "scheduler/signal_share" in r]
