@@ -1200,7 +1200,7 @@ def main(argv=None) -> int:
                     "bench-learning-pooled-curves.png, so pooling stored runs changes no file of the repository; with --tuning "
                     "no default: the settings tried, by area, drawn only where given)")
     ap.add_argument("--jobs", type=count, default=cores(), help="runs at once, each in its own process with its "
-                    "share of the cores (default: one per core; on 2 cores the default mode took 13 min with 2, 28 min "
+                    "share of the cores (default: one per core; on 2 cores the default mode took 13-16 min with 2, 28 min "
                     "with --jobs 1, one run after another in this process, benchmarks/RESULTS.md)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--from-json", nargs="+", metavar="PATH", help="train nothing: pool the runs of earlier --json "
