@@ -1045,11 +1045,6 @@ def reported_setting(name: str) -> tuple[float | None, int, frozenset[str]] | No
             frozenset(recorded_overrides(items, name)))
 
 
-def reported_here(name: str, task: str, pool: str) -> tuple[float | None, int, frozenset[str]] | None:
-    """``reported_setting`` where the row was reported (the built-in task's pool), else None."""
-    return reported_setting(name) if (task, pool) == ("built-in", pool_key(BUILTIN_POOL)) else None
-
-
 def tuned_setting(row: dict) -> tuple[float | None, int, frozenset[str]]:
     """A tuned setting as ``reported_setting`` gives one: rate, steps per batch, --set items."""
     return row["lr"], row["updates"], frozenset(row["set"])
@@ -1064,15 +1059,23 @@ def rule_pick(rows: list[dict], reported: tuple | None) -> int:
     return 0 if at is None or rows[0]["auc"] - rows[at]["auc"] > ADOPT_MARGIN else at
 
 
+def ruled_sets(tried: dict[tuple, list[dict]]):
+    """Each tuning set in the order listed, as (what it was tuned on, its settings, the reported
+    row's setting where that row was reported (the built-in task's pool; else None), the index of
+    the rule's pick): what the list and its figure both show."""
+    for where, rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
+        name, task, pool = where[:3]
+        reported = reported_setting(name) if (task, pool) == ("built-in", pool_key(BUILTIN_POOL)) else None
+        yield where, rows, reported, rule_pick(rows, reported)
+
+
 def picks_text(tried: dict[tuple, list[dict]]) -> list[str]:
     """Per strategy and tuning set: what it was tuned on, then one line per setting (area, rate,
     steps, the code that ran it, file), highest area first: the rule's pick (``rule_pick``) with
     its --set items, every other setting with the items it adds to the pick's (+) and lacks (-);
     "~" marks a setting within ADOPT_MARGIN of the pick, "(reported)" the reported row's setting."""
     lines = []
-    for (name, task, pool, budget, every, heldout, seeds), rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
-        reported = reported_here(name, task, pool)
-        at = rule_pick(rows, reported)
+    for (name, task, pool, budget, every, heldout, seeds), rows, reported, at in ruled_sets(tried):
         rule = "the highest" if reported != tuned_setting(rows[at]) else (
             f"the reported one, none more than {ADOPT_MARGIN} above it" if at else "the reported one")
         lines.append(f"{name}: {task}, pool {pool}, {budget:,} rollouts, evaluated every {every}, "
@@ -1090,17 +1093,15 @@ def picks_text(tried: dict[tuple, list[dict]]) -> list[str]:
 
 
 def tuning_strips(tried: dict[tuple, list[dict]]) -> list[dict]:
-    """What ``tuning_png`` draws, one strip per strategy and tuning set (as ``picks_text`` orders
-    them): its label (strategy, task unless built-in, pool, seeds, settings tried; the list prints
-    the budget and evaluation), every setting's area, the rule's pick's area and the reported
-    setting's (None when the reported setting was not tried there)."""
+    """What ``tuning_png`` draws, one strip per tuning set (``ruled_sets``): its label (strategy,
+    task unless built-in, pool, seeds, settings tried; the list prints the budget and evaluation),
+    every setting's area, the rule's pick's area and the reported setting's (None when the reported
+    setting was not tried there)."""
     strips = []
-    for (name, task, pool, _, _, _, seeds), rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
-        reported = reported_here(name, task, pool)
-        at = next((row["auc"] for row in rows if tuned_setting(row) == reported), None)
+    for (name, task, pool, _, _, _, seeds), rows, reported, at in ruled_sets(tried):
         label = f"{name}{'' if task == 'built-in' else ', ' + task}, pool {pool.replace(', ', ',')}, seeds {seeds}: {len(rows)}"
-        strips.append({"label": label, "areas": [row["auc"] for row in rows],
-                       "pick": rows[rule_pick(rows, reported)]["auc"], "reported": at})
+        strips.append({"label": label, "areas": [row["auc"] for row in rows], "pick": rows[at]["auc"],
+                       "reported": next((row["auc"] for row in rows if tuned_setting(row) == reported), None)})
     return strips
 
 
