@@ -88,11 +88,14 @@ def rollout_age(learner_version, rollout_version):
     return learner_version - rollout_version
 
 
-def group_advantages(rewards, eps: float = 1e-6) -> list[float]:
-    """A_i = (r_i - mean(r)) / (std(r) + eps) within one group (population std), frozen
-    when the group is accepted and never recomputed for replay."""
+def group_advantages(rewards, eps: float = 1e-6, scale_by_std: bool = True) -> list[float]:
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within one group (population std), GRPO's; without
+    ``scale_by_std`` A_i = r_i - mean(r), Dr. GRPO's (arXiv 2503.20783), under which a {0, 1}
+    group's update grows with its reward spread instead of every group with a signal weighing
+    alike. Frozen when the group is accepted and never recomputed for replay."""
     r = np.asarray(rewards, dtype=np.float64)
-    return ((r - r.mean()) / (r.std() + eps)).tolist()
+    centred = r - r.mean()
+    return (centred / (r.std() + eps) if scale_by_std else centred).tolist()
 
 
 def has_signal(rewards) -> bool:

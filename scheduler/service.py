@@ -306,7 +306,7 @@ class Scheduler(Service):
                 groups, seq=self.next_seq, learner_version=self.learner_version + self.batches_ahead(),
                 rollouts_generated=self.rollouts_generated, tau_max=cfg.tau_max, max_tokens=cfg.max_batch_tokens,
                 buffer=self.replay, replay_ratio=cfg.replay.ratio, warmup_updates=cfg.replay.warmup_updates,
-                drop_zero_signal=self.cfg.filters_zero_variance,
+                drop_zero_signal=self.cfg.filters_zero_variance, advantage_std=cfg.advantage_std,
             )
 
     def count_composition(self, comp) -> None:

@@ -112,7 +112,7 @@ def history(cfg, problem_id: str, learner_version: int, replay: list) -> list[st
         if g.error:
             out.append(f"    v{g.policy_version}: not served: {g.error}")
             continue
-        adv = group_advantages(g.rewards)
+        adv = group_advantages(g.rewards, scale_by_std=cfg.scheduler.advantage_std)
         ids = [f"{g.dispatch_id}/{k}" for k in range(len(g.rollouts))]
         out.append(f"    v{g.policy_version} (accepted at learner v{accepted_at_version}): rewards "
                    f"{''.join('1' if r > 0 else '0' for r in g.rewards)}, |A| {np.mean(np.abs(adv)):.2f}: "

@@ -178,7 +178,8 @@ def format_whatif(res: dict) -> str:
 
 
 # -- publish / train -------------------------------------------------------------------------
-def to_batches(groups: list[RolloutGroup], groups_per_batch: int, max_tokens: int) -> list[TrainBatch]:
+def to_batches(groups: list[RolloutGroup], groups_per_batch: int, max_tokens: int,
+               advantage_std: bool = True) -> list[TrainBatch]:
     """The groups, in archive order, as TrainBatches (fresh only: the archive has no replay).
 
     Batch ``seq`` is stamped with policy version ``seq``, the version a learner starting from
@@ -196,7 +197,8 @@ def to_batches(groups: list[RolloutGroup], groups_per_batch: int, max_tokens: in
         chunk = [dataclasses.replace(g, policy_version=seq) for g in chunk]
         generated += sum(len(g.rollouts) for g in chunk)
         comp = compose_batch(chunk, seq=seq, learner_version=seq, rollouts_generated=generated, tau_max=10**9,
-                             max_tokens=max_tokens, buffer=None, replay_ratio=0.0, warmup_updates=0)
+                             max_tokens=max_tokens, buffer=None, replay_ratio=0.0, warmup_updates=0,
+                             advantage_std=advantage_std)
         pending = comp.leftover + pending
         if comp.batch is not None:
             batches.append(comp.batch)
@@ -209,7 +211,8 @@ def publish(cfg, transport, uri: str, rate: float, progress: bool = True) -> int
     from schemas import encode, headers
     from schemas.topics import BATCHES, topic_name
 
-    batches = to_batches(load_groups(uri), cfg.scheduler.groups_per_batch, cfg.scheduler.max_batch_tokens)
+    batches = to_batches(load_groups(uri), cfg.scheduler.groups_per_batch, cfg.scheduler.max_batch_tokens,
+                         cfg.scheduler.advantage_std)
     transport.ensure_topics(cfg.run.name)
     pub = transport.publisher()
     with _progress(len(batches), "publish", progress, unit="batch") as bar:
@@ -236,7 +239,8 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
 
     if list_checkpoints(out_dir):
         raise UsageError(f"{out_dir} already holds checkpoints (a run lives there); choose a new directory with --out")
-    batches = to_batches(load_groups(uri), cfg.scheduler.groups_per_batch, cfg.scheduler.max_batch_tokens)
+    batches = to_batches(load_groups(uri), cfg.scheduler.groups_per_batch, cfg.scheduler.max_batch_tokens,
+                         cfg.scheduler.advantage_std)
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/batches.arrow"
         write_batches(path, batches)

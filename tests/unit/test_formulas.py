@@ -44,6 +44,18 @@ def test_group_advantages_and_signal():
     assert not f.has_signal([0.0, 0.0]) and f.has_signal([0.0, 1.0])
 
 
+def test_unscaled_group_advantages_weigh_a_group_by_its_spread():
+    """Dr. GRPO's r - mean(r): a half-solved group's advantages are larger than a 1-of-8
+    group's success and failures alike, where GRPO's std scaling gives the rarer outcome more."""
+    half, rare = [1.0] * 4 + [0.0] * 4, [1.0] + [0.0] * 7
+    assert f.group_advantages(half, scale_by_std=False) == pytest.approx([0.5] * 4 + [-0.5] * 4)
+    assert f.group_advantages(rare, scale_by_std=False) == pytest.approx([0.875] + [-0.125] * 7)
+    assert sum(a * a for a in f.group_advantages(half, scale_by_std=False)) > \
+        sum(a * a for a in f.group_advantages(rare, scale_by_std=False))
+    assert sum(a * a for a in f.group_advantages(half)) == pytest.approx(sum(a * a for a in f.group_advantages(rare)), rel=1e-4)
+    assert f.group_advantages([1.0, 1.0], scale_by_std=False) == [0.0, 0.0]
+
+
 def test_rollout_age_decay_and_replay_priority():
     assert f.rollout_age(12, 9) == 3
     assert f.decay_factor(10, 10) == pytest.approx(0.5)
