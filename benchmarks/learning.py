@@ -1061,11 +1061,11 @@ def rule_pick(rows: list[dict], reported: tuple | None) -> int:
 
 def ruled_sets(tried: dict[tuple, list[dict]]):
     """Each tuning set in the order listed, as (what it was tuned on, its settings, the reported
-    row's setting where that row was reported (the built-in task's pool; else None), the index of
-    the rule's pick): what the list and its figure both show."""
+    row's setting where that row was reported (the built-in task's pool at the default mode's
+    budget; else None), the index of the rule's pick): what the list and its figure both show."""
     for where, rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
-        name, task, pool = where[:3]
-        reported = reported_setting(name) if (task, pool) == ("built-in", pool_key(BUILTIN_POOL)) else None
+        name, task, pool, budget = where[:4]
+        reported = reported_setting(name) if (task, pool, budget) == ("built-in", pool_key(BUILTIN_POOL), MODES["default"][1]) else None
         yield where, rows, reported, rule_pick(rows, reported)
 
 
@@ -1099,7 +1099,7 @@ def tuning_strips(tried: dict[tuple, list[dict]]) -> list[dict]:
     setting was not tried there)."""
     strips = []
     for (name, task, pool, _, _, _, seeds), rows, reported, at in ruled_sets(tried):
-        label = f"{name}{'' if task == 'built-in' else ', ' + task}, pool {pool.replace(', ', ',')}, seeds {seeds}: {len(rows)}"
+        label = f"{name}{'' if task == 'built-in' else ', ' + task}, pool {pool.replace(', ', ',')}, seeds {seeds}, {len(rows)} tried"
         strips.append({"label": label, "areas": [row["auc"] for row in rows], "pick": rows[at]["auc"],
                        "reported": next((row["auc"] for row in rows if tuned_setting(row) == reported), None)})
     return strips
@@ -1122,8 +1122,8 @@ def tuning_png(strips: list[dict], out: str) -> None:
     ax.set_yticks(range(len(strips)), [strip["label"] for strip in reversed(strips)], fontsize=7)
     ax.set_ylim(-0.6, len(strips) - 0.4)
     ax.set_xlabel("median area under the accuracy-vs-rollouts curve over the tuning seeds")
-    ax.set_title(f"prl bench learning --tuning, per strategy, pool and tuning seeds (: settings tried): each setting "
-                 f"(dot),\nthe rule's pick (diamond), its margin of {ADOPT_MARGIN} either side (band), the reported setting (ring)",
+    ax.set_title(f"prl bench learning --tuning: per strategy, pool and tuning seeds, each setting tried (dot),\n"
+                 f"the rule's pick (diamond), its margin of {ADOPT_MARGIN} either side (band), the reported setting (ring)",
                  fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     save_png(fig, out, 120)

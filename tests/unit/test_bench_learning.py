@@ -737,11 +737,14 @@ def test_tuning_draws_each_strategys_settings_by_area_with_the_pick_and_the_repo
                                                                    ["learner.clip_low=0.3"]),
              tuned("flat.json", "priority_flat", 0.360, ["learner.clip_low=0.3"])]
     strips = tuning_strips(tried_settings(files, 1))
-    assert [strip["label"] for strip in strips] == ["full, pool [20,100,100,100], seeds 100-101: 2",
-                                                       "priority_flat, pool [20,100,100,100], seeds 100-101: 1"]
+    assert [strip["label"] for strip in strips] == ["full, pool [20,100,100,100], seeds 100-101, 2 tried",
+                                                       "priority_flat, pool [20,100,100,100], seeds 100-101, 1 tried"]
     assert strips[0]["areas"] == pytest.approx([0.380 + 2 * ADOPT_MARGIN, 0.380])
     assert strips[0]["pick"] == pytest.approx(0.380 + 2 * ADOPT_MARGIN) and strips[0]["reported"] == pytest.approx(0.380)
     assert strips[1]["pick"] == pytest.approx(0.360) and strips[1]["reported"] is None  # its reported setting not tried
+    longer = stored(tmp_path / "long.json", 100, {"full": [[0.380] * 3] * 2}, task=None, budget=24_000,
+                    set=[*PICKS["full"], f"{MU}=2"])
+    assert tuning_strips(tried_settings([longer], 1))[0]["reported"] is None  # reported at 12,000 rollouts, not this
     png = tmp_path / "tuning.png"
     assert main(["--tuning", *files, "--smooth", "1", "--png", str(png)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"areas: {png}"
