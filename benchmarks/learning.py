@@ -516,18 +516,21 @@ def against_baselines(results: dict[str, list[dict]], target: float, others: dic
 def against_reference(results: dict[str, list[dict]], reference: dict[str, list[dict]], targets: list[float],
                       budget: int) -> list[str]:
     """Every strategy that is not a baseline against each reference strategy (e.g. the ceiling),
-    one line per pair: its median rollouts to each target as a multiple of the reference's, its
-    median final accuracy and area under the curve over the reference's, each with its 90%
-    interval over seeds. How far a strategy stays from what the reference shows is possible."""
+    and a baseline against the reference runs of its own strategy (e.g. its pick), one line per
+    pair: its median rollouts to each target as a multiple of the reference's, its median final
+    accuracy and area under the curve over the reference's, each with its 90% interval over
+    seeds. How far a strategy stays from what the reference shows is possible."""
     def figures(runs):  # per run: rollouts to each target, final accuracy, area
         return ({t: [crossing(r, t) for r in runs] for t in targets}, [r["final"] for r in runs],
                 [area_under_curve(r, budget) for r in runs])
 
-    strategies = {name: figures(runs) for name, runs in results.items() if name not in BASELINES}
+    strategies = {name: figures(runs) for name, runs in results.items()}
     lines = []
     for ref_name, ref_runs in reference.items():
         ref_reached, ref_final, ref_area = figures(ref_runs)
         for name, (reached, final, area) in strategies.items():
+            if name in BASELINES and name != ref_name:
+                continue
             cells = []
             for t in targets:
                 ratio, names = rollouts_ratio(reached[t], ref_reached[t]), (name, ref_name)
@@ -1209,8 +1212,9 @@ def main(argv=None) -> int:
                     "PATH:STRATEGY,... pools only those strategies' runs of that file")
     ap.add_argument("--reference", nargs="+", metavar="PATH", help="with --from-json: runs of the same task, budget "
                     "and evaluation on another training pool (e.g. the learnable problems alone, what a perfect "
-                    "dead-problem filter gives), pooled as --from-json pools, shown after the goal lines and set "
-                    "against its baselines; not baselines themselves")
+                    "dead-problem filter gives) or at another setting (e.g. a pick), pooled as --from-json pools, "
+                    "shown after the goal lines, set against its baselines and each of its strategies against them "
+                    "(a baseline with its own strategy's alone); not baselines themselves")
     ap.add_argument("--picks", action="store_true", help="run the reported rows (default: all eight of them) each at "
                     "its tuning pick (PICKS), so the runs pool with the stored thirty seeds; the built-in task's "
                     "default mode only")

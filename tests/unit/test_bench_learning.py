@@ -119,8 +119,10 @@ def test_every_strategy_is_set_against_the_reference_runs_how_far_from_the_ceili
                "priority_likelihood": runs([1_500] * 3, [0.42] * 3)}
     ceiling = {"uniform": runs([500] * 3, [0.44] * 3)}
     lines = against_reference(results, ceiling, [0.4, 0.5], 2_000)
-    assert len(lines) == 1  # the strategies, not the baselines, against each reference strategy
-    line = lines[0]
+    # the strategies against each reference strategy, a baseline against its own strategy's alone
+    assert [line.split(":")[0].split()[0] for line in lines] == ["uniform", "priority_likelihood"]
+    assert "to 0.4 2.00x (2.00 to 2.00)" in lines[0] and "final -4.0 points" in lines[0]
+    line = lines[1]
     assert line.split(":")[0].split() == ["priority_likelihood", "against", "reference", "uniform"]
     assert "to 0.4 3.00x (3.00 to 3.00)" in line
     assert "to 0.5 -" in line  # neither reaches it: no ratio
