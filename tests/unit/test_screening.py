@@ -1,7 +1,8 @@
 """Screening (scheduler.screen_size): a look at a problem costs a screen of s completions; a
 screen with a signal is completed to a whole group by a second dispatch and the two train as
 one group. Driven through the real scheduler on the in-memory transport, with results
-written by hand instead of a producer."""
+written by hand instead of a producer; so are the other things such results show: the
+problems trained and the advantages a published batch carries."""
 
 import json
 import re
@@ -185,3 +186,21 @@ def test_problems_trained_leaves_out_groups_without_a_signal_when_they_are_train
     assert scheduler.next_seq == 1 and scheduler.counters.get("zero_signal_dropped", 0) == 0  # all four trained
     assert scheduler.gauges()["problems_trained"] == 1
     assert scheduler.trained[scheduler.index[looks[0].problem_id]] == 1
+
+
+@pytest.mark.parametrize("scaled, success, failure", [("true", 7 ** 0.5, -(7 ** -0.5)), ("false", 0.875, -0.125)])
+def test_the_published_batch_carries_the_configured_advantages(tmp_path, scaled, success, failure):
+    """scheduler.advantage_std reaches the batches the learner trains: GRPO's std-scaled
+    advantages by default, Dr. GRPO's r - mean(r) when false."""
+    from schemas import TrainBatch
+    from schemas.topics import BATCHES
+
+    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.screen_size": 0,
+                                                           "scheduler.advantage_std": scaled})
+    batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)
+    for d in desk.read():
+        desk.answer(d, [1.0] + [0.0] * 7)
+    scheduler.step()
+    [message] = batches.poll(0.0)
+    advantages = [r.advantage for r in decode(message.value, TrainBatch).rollouts]
+    assert advantages == pytest.approx(([success] + [failure] * 7) * 4, rel=1e-4)  # four groups alike
