@@ -1068,7 +1068,8 @@ def ruled_sets(tried: dict[tuple, list[dict]]):
     budget; else None), the index of the rule's pick): what the list and its figure both show."""
     for where, rows in sorted(tried.items(), key=lambda kv: kv[0][:2]):
         name, task, pool, budget = where[:4]
-        reported = reported_setting(name) if (task, pool, budget) == ("built-in", pool_key(BUILTIN_POOL), MODES["default"][1]) else None
+        as_reported = (task, pool, budget) == ("built-in", pool_key(BUILTIN_POOL), MODES["default"][1])
+        reported = reported_setting(name) if as_reported else None
         yield where, rows, reported, rule_pick(rows, reported)
 
 

@@ -19,9 +19,9 @@ from scheduler.replay import BANDS, ReplayBuffer, success_band
 from schemas import RolloutGroup, TrainBatch, TrainRollout
 
 
-def train_rollouts(group: RolloutGroup, scale_by_std: bool = True) -> list[TrainRollout]:
+def train_rollouts(group: RolloutGroup, advantage_std: bool = True) -> list[TrainRollout]:
     """The group's rollouts with their frozen group-relative advantages."""
-    advantages = group_advantages(group.rewards, scale_by_std=scale_by_std)
+    advantages = group_advantages(group.rewards, scale_by_std=advantage_std)
     return [
         TrainRollout(
             f"{group.dispatch_id}/{i}", group.problem_id, group.policy_version, False, a, r.reward,
