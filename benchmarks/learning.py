@@ -524,12 +524,16 @@ def against_reference(results: dict[str, list[dict]], reference: dict[str, list[
         return ({t: [crossing(r, t) for r in runs] for t in targets}, [r["final"] for r in runs],
                 [area_under_curve(r, budget) for r in runs])
 
-    strategies = {name: figures(runs) for name, runs in results.items()}
+    def compared(name, ref_name):
+        return name not in BASELINES or name == ref_name
+
+    strategies = {name: figures(runs) for name, runs in results.items()
+                  if any(compared(name, ref_name) for ref_name in reference)}
     lines = []
     for ref_name, ref_runs in reference.items():
         ref_reached, ref_final, ref_area = figures(ref_runs)
         for name, (reached, final, area) in strategies.items():
-            if name in BASELINES and name != ref_name:
+            if not compared(name, ref_name):
                 continue
             cells = []
             for t in targets:

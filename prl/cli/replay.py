@@ -22,6 +22,7 @@ import numpy as np
 from prl.formulas import bernoulli_variance, has_signal
 from scheduler.archive import groups_from_table, read_archive
 from schemas import RolloutGroup, TrainBatch
+from schemas.config import SchedulerConfig
 
 STRATEGIES = ("uniform", "dapo_filter", "success_variance")
 
@@ -139,7 +140,6 @@ def simulate(strategy: str, outcomes: dict[str, list[list[float]]], rounds: int,
     """One strategy's choices over the archived outcomes: what it generated, trained, and
     spent on groups without a signal."""
     from scheduler.samplers import make_sampler
-    from schemas.config import SchedulerConfig
 
     problems = sorted(outcomes)
     index_of_group = {d: i for i, d in enumerate(sorted({difficulty(p) for p in problems}))}
@@ -178,9 +178,9 @@ def format_whatif(res: dict) -> str:
 
 
 # -- publish / train -------------------------------------------------------------------------
-def to_batches(groups: list[RolloutGroup], groups_per_batch: int, max_tokens: int,
-               advantage_std: bool = True) -> list[TrainBatch]:
-    """The groups, in archive order, as TrainBatches (fresh only: the archive has no replay).
+def to_batches(groups: list[RolloutGroup], scheduler: SchedulerConfig) -> list[TrainBatch]:
+    """The groups, in archive order, as TrainBatches (fresh only: the archive has no replay) of
+    ``scheduler.groups_per_batch`` groups within its token budget, advantages as it sets them.
 
     Batch ``seq`` is stamped with policy version ``seq``, the version a learner starting from
     scratch has when it takes it, so its staleness filter keeps every archived rollout (the
@@ -193,12 +193,12 @@ def to_batches(groups: list[RolloutGroup], groups_per_batch: int, max_tokens: in
 
     batches, pending, seq, generated = [], [g for g in groups if g.has_completions], 0, 0
     while pending:
-        chunk, pending = pending[:groups_per_batch], pending[groups_per_batch:]
+        chunk, pending = pending[:scheduler.groups_per_batch], pending[scheduler.groups_per_batch:]
         chunk = [dataclasses.replace(g, policy_version=seq) for g in chunk]
         generated += sum(len(g.rollouts) for g in chunk)
         comp = compose_batch(chunk, seq=seq, learner_version=seq, rollouts_generated=generated, tau_max=10**9,
-                             max_tokens=max_tokens, buffer=None, replay_ratio=0.0, warmup_updates=0,
-                             advantage_std=advantage_std)
+                             max_tokens=scheduler.max_batch_tokens, buffer=None, replay_ratio=0.0, warmup_updates=0,
+                             advantage_std=scheduler.advantage_std)
         pending = comp.leftover + pending
         if comp.batch is not None:
             batches.append(comp.batch)
@@ -211,8 +211,7 @@ def publish(cfg, transport, uri: str, rate: float, progress: bool = True) -> int
     from schemas import encode, headers
     from schemas.topics import BATCHES, topic_name
 
-    batches = to_batches(load_groups(uri), cfg.scheduler.groups_per_batch, cfg.scheduler.max_batch_tokens,
-                         cfg.scheduler.advantage_std)
+    batches = to_batches(load_groups(uri), cfg.scheduler)
     transport.ensure_topics(cfg.run.name)
     pub = transport.publisher()
     with _progress(len(batches), "publish", progress, unit="batch") as bar:
@@ -239,8 +238,7 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
 
     if list_checkpoints(out_dir):
         raise UsageError(f"{out_dir} already holds checkpoints (a run lives there); choose a new directory with --out")
-    batches = to_batches(load_groups(uri), cfg.scheduler.groups_per_batch, cfg.scheduler.max_batch_tokens,
-                         cfg.scheduler.advantage_std)
+    batches = to_batches(load_groups(uri), cfg.scheduler)
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/batches.arrow"
         write_batches(path, batches)
