@@ -74,7 +74,8 @@ def by_group(rates: np.ndarray, keys, expected: np.ndarray | None = None) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.learning import BUILTIN_POOL, REAL, real_task_base
+    from benchmarks.learning import real_task_base
+    from benchmarks.learning_settings import BUILTIN_POOL, REAL
 
     ap = argparse.ArgumentParser(prog="prl bench likelihood", description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=["chain_sum"], help="the real model on this reasoning-gym task (default: the built-in task)")

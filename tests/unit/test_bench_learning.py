@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.learning import (against_baselines, against_reference, area_under_curve, bootstrap_interval,
-                                 censored_median, cores, crossing, curves_path, difficulty_cells, difficulty_differences,
-                                 difficulty_finals, effective_overrides, goals, main,
-                                 median_difference, pool_accuracy, pool_median, pool_rows, rollouts_ratio, smoothed,
-                                 STRATEGIES)
+from benchmarks.learning import cores, curves_path, main, pool_accuracy, pool_rows
+from benchmarks.learning_figures import (against_baselines, against_reference, area_under_curve, bootstrap_interval,
+                                         censored_median, crossing, difficulty_cells, difficulty_differences,
+                                         difficulty_finals, goals, median_difference, pool_median, rollouts_ratio, smoothed)
+from benchmarks.learning_settings import STRATEGIES, effective_overrides
 
 
 def test_a_seed_that_never_reaches_the_target_counts_as_beyond_the_budget():
@@ -485,7 +485,7 @@ def test_stored_runs_can_be_shown_for_some_strategies_only(tmp_path, capsys):
 
 
 def test_the_large_pool_mode_trains_on_the_task_s_own_pool_at_its_own_rates():
-    from benchmarks.learning import LR, MODES, TASK_POOL, learning_rates
+    from benchmarks.learning_settings import LR, MODES, TASK_POOL, learning_rates
     from schemas.config import TaskConfig
 
     assert json.loads(TASK_POOL) == TaskConfig().train_per_digit  # what `prl run` trains on
@@ -663,7 +663,7 @@ def test_tuning_lists_a_run_under_the_strategy_its_set_items_made_it(tmp_path, c
     """A uniform run whose --set items are uniform_drop's own ran as uniform_drop, and --tuning
     lists it there beside runs made under that name (not at the top of uniform's list); the
     group prior and the likelihood groups, alike in their items, stay apart."""
-    from benchmarks.learning import named_strategy
+    from benchmarks.learning_settings import named_strategy
 
     drop = ["scheduler.uniform_passes=true", "scheduler.uniform_drop_unsolved=true"]
     assert named_strategy("uniform", [*drop, "learner.clip_low=0.3"]) == ("uniform_drop", ["learner.clip_low=0.3"])
@@ -703,7 +703,7 @@ def test_a_setting_replaces_the_reported_one_only_past_the_margin(tmp_path, caps
     """The tuning rule with its margin: a setting less than ADOPT_MARGIN above the reported row's
     setting by area is listed above it, marked "~", and the reported one stays the pick; one more
     than the margin above it becomes the pick. Without a reported setting the highest is the pick."""
-    from benchmarks.learning import ADOPT_MARGIN, MU, PICKS
+    from benchmarks.learning_settings import ADOPT_MARGIN, MU, PICKS
 
     def tuned(name, auc, items, seed=100):
         return stored(tmp_path / f"tune-{name}.json", seed, {"full": [[auc] * 3, [auc] * 3]}, task=None,
@@ -730,7 +730,8 @@ def test_a_setting_replaces_the_reported_one_only_past_the_margin(tmp_path, caps
 def test_tuning_draws_each_strategys_settings_by_area_with_the_pick_and_the_reported_one(tmp_path, capsys):
     """``--tuning --png``: one strip per strategy and tuning set, as the list orders them, holding
     every setting's area, the rule's pick and the reported setting (none where it was not tried)."""
-    from benchmarks.learning import ADOPT_MARGIN, MU, PICKS, tried_settings, tuning_strips
+    from benchmarks.learning_settings import ADOPT_MARGIN, MU, PICKS
+    from benchmarks.learning_stored import tried_settings, tuning_strips
 
     def tuned(file, name, auc, items):
         return stored(tmp_path / file, 100, {name: [[auc] * 3, [auc] * 3]}, task=None, set=[*PICKS[name], f"{MU}=2", *items])
@@ -758,8 +759,8 @@ def test_every_reported_row_is_the_tuning_rules_pick_on_the_stored_tuning_runs()
     reported row's setting is what the rule picks (``--tuning``), so a tuning run that beats a pick
     past the margin fails here until the row moves; the shuffled control alone runs at another
     row's pick (the group prior's), as a control must."""
-    from benchmarks.learning import (BUILTIN_POOL, PICKS, pool_key, reported_setting, rule_pick, tried_settings,
-                                     tuned_setting)
+    from benchmarks.learning_settings import BUILTIN_POOL, PICKS, reported_setting
+    from benchmarks.learning_stored import pool_key, rule_pick, tried_settings, tuned_setting
 
     root = Path(__file__).resolve().parents[2]
     tried = tried_settings(sorted(str(path) for path in (root / "benchmarks/results").glob("tune-*.json")), 3)
