@@ -24,7 +24,7 @@ import numpy as np
 from learner import checkpoint, distributed
 from learner.evaluate import encode_heldout, heldout_accuracy
 from learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
-from learner.train import make_optimizer, train_step
+from learner.train import annealed_lr, make_optimizer, set_lr, train_step
 from prl import storage
 from prl.formulas import rollout_age
 from prl.generation import TransformersBackend
@@ -194,9 +194,11 @@ class Learner(Service):
             self.last_seq = batch.seq
             return
         self.remember_trained(usable)
+        learner = self.cfg.learner
+        set_lr(self.optimizer, annealed_lr(learner.lr, self.version, learner.lr_decay_steps, learner.lr_final_ratio))
         t0 = time.perf_counter()
-        stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist)
-        stats.update(train_seconds=time.perf_counter() - t0, **self.age_metrics(usable),
+        stats = train_step(self.model, self.optimizer, usable, learner, self.pad_id, self.dist)
+        stats.update(lr=self.optimizer.param_groups[0]["lr"], train_seconds=time.perf_counter() - t0, **self.age_metrics(usable),
                      mean_reward=sum(r.reward for r in usable) / len(usable),
                      stale_dropped=self.counters.get("stale_dropped", 0))
         self.version += 1

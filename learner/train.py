@@ -182,3 +182,17 @@ def step_metrics(s: dict[str, float], total_tokens: int) -> dict[str, float]:
 
 def make_optimizer(model, cfg) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def annealed_lr(lr: float, version: int, decay_steps: int, final_ratio: float) -> float:
+    """PPO's learning-rate annealing: the rate for the step from ``version``, falling linearly
+    from ``lr`` at version 0 to ``final_ratio * lr`` at ``decay_steps`` and held there; ``lr``
+    throughout when ``decay_steps`` is 0."""
+    if decay_steps == 0:
+        return lr
+    return lr * (1 - (1 - final_ratio) * min(version, decay_steps) / decay_steps)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

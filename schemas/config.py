@@ -179,6 +179,8 @@ class ProducerConfig(Section):
 
 class LearnerConfig(Section):
     lr: float = Field(3e-5, gt=0, lt=1, description="AdamW learning rate (3e-5 suits the tiny model; 1e-4 learns faster but unstably; the papers use 1e-6 at 1.7-8B).")
+    lr_decay_steps: int = Field(0, ge=0, description="Anneal the learning rate linearly, as PPO does: from lr at learner version 0 to lr x lr_final_ratio at this version, held there after (0: a constant lr). It follows the version, so a resumed run goes on where it stopped.")
+    lr_final_ratio: float = Field(0.0, ge=0, le=1, description="Where the annealed learning rate ends, as a share of lr (with lr_decay_steps).")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
     clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio lower clip: 1 - clip_low.")

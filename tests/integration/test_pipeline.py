@@ -142,6 +142,21 @@ def test_prl_run_three_steps(tmp_path):
     assert set(archive["policy_version"].to_pylist()) <= {0, 1, 2, 3}
 
 
+def test_an_annealed_learning_rate_follows_the_version_across_a_restart(tmp_path):
+    """learner.lr_decay_steps: each step trains at the rate its version gives, and a run that
+    resumes goes on from there, not from lr nor from the restored optimizer's last rate."""
+    from prl.cli import main
+
+    run_dir = tmp_path / "run"
+    argv = ["run", "--run-dir", str(run_dir), "--no-progress", "--set", "task.heldout_per_digit=10", "--set",
+            "learner.eval_every=0", "--set", "learner.lr=1e-4", "--set", "learner.lr_decay_steps=4"]
+    assert main([*argv, "--max-steps", "2"]) == 0
+    assert main([*argv, "--max-steps", "5"]) == 0  # resumes at version 2
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["step"]: r["learner/lr"] for r in rows if "learner/loss" in r}
+    assert rates == pytest.approx({1: 1e-4, 2: 7.5e-5, 3: 5e-5, 4: 2.5e-5, 5: 0.0})
+
+
 def test_scheduler_snapshot_restores_state(tmp_path):
     """A restarted scheduler continues from its last snapshot: same in-flight table,
     counters, pending fresh groups and sampler state."""

@@ -142,3 +142,11 @@ def test_updates_per_batch_steps_the_optimizer_that_many_times_on_one_batch():
     assert runs[1][0] == 1 and runs[3][0] == 3
     assert runs[3][1]["loss"] == pytest.approx(runs[1][1]["loss"], rel=1e-6)
     assert not torch.allclose(runs[3][2], runs[1][2])  # the later updates moved the weights further
+
+
+def test_annealed_lr_falls_linearly_to_its_final_share_and_holds_there():
+    from learner.train import annealed_lr
+
+    assert [annealed_lr(1e-4, v, 4, 0.0) for v in (0, 1, 2, 3, 4, 9)] == pytest.approx([1e-4, 7.5e-5, 5e-5, 2.5e-5, 0, 0])
+    assert annealed_lr(1e-4, 2, 4, 0.5) == pytest.approx(7.5e-5) and annealed_lr(1e-4, 7, 4, 0.5) == pytest.approx(5e-5)
+    assert {annealed_lr(1e-4, v, 0, 0.0) for v in (0, 5, 500)} == {1e-4}  # decay_steps 0: constant
