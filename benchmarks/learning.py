@@ -100,6 +100,7 @@ from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
 from prl.tasks import train_problems
 from schemas.config import load_config
 
+
 def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str], extra: list[str] = ()) -> dict:
     from prl.cli.run import run_pipeline
     from prl.metrics import read_metrics
