@@ -199,6 +199,13 @@ class LearnerConfig(Section):
     fetch_cache_mb: int = Field(256, ge=0, description="Claim-check batches: keep up to this many MB of the rollout groups fetched for them, so a replayed rollout is not fetched from the broker again (groups older than scheduler.tau_max leave first; 0: fetch every time).")
     batches_from: str | None = Field(None, description="Train from a file of TrainBatch records (path or fsspec URI) instead of the batch topic.")
 
+    @model_validator(mode="after")
+    def _settings_that_act_together(self) -> "LearnerConfig":
+        if self.lr_final_ratio != 0 and self.lr_decay_steps == 0:
+            raise ValueError(f"lr_final_ratio = {self.lr_final_ratio} acts only with lr_decay_steps > 0 (the rate is "
+                             "constant without it); set lr_decay_steps or leave lr_final_ratio at 0")
+        return self
+
 
 class Config(Section):
     run: RunConfig = RunConfig()

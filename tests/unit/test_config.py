@@ -54,6 +54,14 @@ def test_solvable_groups_without_the_solvable_weight_is_refused_not_ignored():
     assert cfg.scheduler.priority.solvable_groups == 5
 
 
+def test_an_annealed_rate_s_end_without_its_decay_is_refused_not_ignored():
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides=["learner.lr_final_ratio=0.1"])
+    assert "learner: lr_final_ratio = 0.1 acts only with lr_decay_steps > 0" in str(exc.value)
+    cfg = load_config(overrides=["learner.lr_final_ratio=0.1", "learner.lr_decay_steps=100"])
+    assert (cfg.learner.lr_decay_steps, cfg.learner.lr_final_ratio) == (100, 0.1)
+
+
 def test_toml_file(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[learner]\nlr = 2e-5\n[transport]\ntype = "kafka"\n[transport.kafka]\nbootstrap_servers = "k:9092"\n')
