@@ -1,63 +1,25 @@
 """Screening (scheduler.screen_size): a look at a problem costs a screen of s completions; a
 screen with a signal is completed to a whole group by a second dispatch and the two train as
 one group. Driven through the real scheduler on the in-memory transport, with results
-written by hand instead of a producer; so are the other things such results show: the
-problems trained and the advantages a published batch carries."""
+written by hand instead of a producer (tests/support/scheduler_desk.py)."""
 
-import json
 import re
 
-import numpy as np
 import pytest
 
-from prl.transport.memory import MemoryBroker, MemoryTransport
-from schemas import Dispatch, Rollout, RolloutGroup, decode, encode, headers, topic_name
-from schemas.config import ConfigError, load_config
-from schemas.topics import PROBLEMS, ROLLOUTS
+from schemas import decode, topic_name
+from schemas.config import ConfigError
+from tests.support.scheduler_desk import desk_config, started as started_unscreened
+
+SCREEN = {"scheduler.screen_size": 2}
 
 
 def screening_config(tmp_path, **extra):
-    overrides = [
-        f"run.run_dir={json.dumps(str(tmp_path / 'run'))}", "scheduler.screen_size=2", "sampling.group_size=8",
-        "scheduler.strategy='success_variance'", "scheduler.priority.prior='flat'", "scheduler.replay.enabled=false",
-        "scheduler.groups_per_batch=4", "scheduler.max_in_flight=4", "scheduler.archive=false",
-        "task.train_per_digit=[20, 20]", "task.heldout_per_digit=10",
-    ] + [f"{k}={v}" for k, v in extra.items()]
-    return load_config(overrides=overrides)
-
-
-class Desk:
-    """The scheduler's counterpart: reads its dispatches and answers them with given rewards."""
-
-    def __init__(self, cfg, transport):
-        self.cfg, self.transport = cfg, transport
-        self.dispatches = transport.subscriber([topic_name(cfg.run.name, PROBLEMS)], group=None)
-        self.publisher = transport.publisher()
-
-    def read(self) -> list[Dispatch]:
-        return [decode(m.value, Dispatch) for m in self.dispatches.poll(0.0)]
-
-    def answer(self, d: Dispatch, rewards: list[float], version: int = 0, prompt=(1, 2, 3),
-               completions: bool = True) -> RolloutGroup:
-        tokens, logprobs = ([5, 6], [-0.1, -0.2]) if completions else ([], [])
-        rollouts = [Rollout(np.asarray(tokens, dtype=np.int32), np.asarray(logprobs, dtype=np.float32), r, "stop")
-                    for r in rewards]
-        group = RolloutGroup(d.dispatch_id, d.problem_id, version, "desk", np.asarray(prompt, dtype=np.int32), 1.0,
-                             rollouts)
-        self.publisher.publish(topic_name(self.cfg.run.name, ROLLOUTS), encode(group), key=d.problem_id.encode(),
-                               headers=headers(group))
-        return group
+    return desk_config(tmp_path, **{**SCREEN, **extra})
 
 
 def started(tmp_path, **extra):
-    from scheduler.service import Scheduler
-
-    cfg = screening_config(tmp_path, **extra)
-    transport = MemoryTransport(MemoryBroker())
-    transport.ensure_topics(cfg.run.name)
-    scheduler = Scheduler(cfg, transport)
-    scheduler.step()
-    return cfg, transport, scheduler, Desk(cfg, transport)
+    return started_unscreened(tmp_path, **{**SCREEN, **extra})
 
 
 def waiting_for_a_rest(tmp_path):
@@ -152,55 +114,3 @@ def test_a_rest_without_completions_is_dead_lettered_even_when_its_own_rewards_a
 def test_screening_settings_that_cannot_work_fail_with_the_reason(tmp_path, override, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
         screening_config(tmp_path, **override)
-
-
-def test_problems_trained_counts_distinct_problems_that_entered_a_batch_and_survives_a_restart(tmp_path):
-    """How broadly a run trains, not only how much: a group without a signal is looked at, not
-    trained; the count is kept in the snapshot."""
-    from scheduler.service import Scheduler
-
-    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.screen_size": 0})
-    looks = desk.read()
-    assert len(looks) == 4 and all(d.group_size == 8 for d in looks)
-    for d, rewards in zip(looks, ([1.0, 0.0] * 4, [1.0] + [0.0] * 7, [0.0] * 8, [1.0] * 8)):
-        desk.answer(d, rewards)
-    scheduler.step()
-    assert scheduler.next_seq == 1  # one batch, of the two groups with a signal
-    assert scheduler.gauges()["problems_trained"] == 2
-    assert scheduler.counters["zero_signal_dropped"] == 2
-    scheduler.snapshot()
-    restarted = Scheduler(cfg, transport)
-    assert restarted.gauges()["problems_trained"] == 2
-    assert restarted.trained[[restarted.index[d.problem_id] for d in looks[:2]]].tolist() == [1, 1]
-
-
-def test_problems_trained_leaves_out_groups_without_a_signal_when_they_are_trained_unfiltered(tmp_path):
-    """Uniform GRPO trains zero-variance groups too (zero advantages, no gradient): they do
-    not count as problems trained, so the count compares across strategies."""
-    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.screen_size": 0,
-                                                           "scheduler.filter_zero_variance": "false"})
-    looks = desk.read()
-    for d, rewards in zip(looks, ([1.0, 0.0] * 4, [0.0] * 8, [0.0] * 8, [1.0] * 8)):
-        desk.answer(d, rewards)
-    scheduler.step()
-    assert scheduler.next_seq == 1 and scheduler.counters.get("zero_signal_dropped", 0) == 0  # all four trained
-    assert scheduler.gauges()["problems_trained"] == 1
-    assert scheduler.trained[scheduler.index[looks[0].problem_id]] == 1
-
-
-@pytest.mark.parametrize("scaled, success, failure", [("true", 7 ** 0.5, -(7 ** -0.5)), ("false", 0.875, -0.125)])
-def test_the_published_batch_carries_the_configured_advantages(tmp_path, scaled, success, failure):
-    """scheduler.advantage_std reaches the batches the learner trains: GRPO's std-scaled
-    advantages by default, Dr. GRPO's r - mean(r) when false."""
-    from schemas import TrainBatch
-    from schemas.topics import BATCHES
-
-    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.screen_size": 0,
-                                                           "scheduler.advantage_std": scaled})
-    batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)
-    for d in desk.read():
-        desk.answer(d, [1.0] + [0.0] * 7)
-    scheduler.step()
-    [message] = batches.poll(0.0)
-    advantages = [r.advantage for r in decode(message.value, TrainBatch).rollouts]
-    assert advantages == pytest.approx(([success] + [failure] * 7) * 4, rel=1e-4)  # four groups alike

@@ -1,0 +1,57 @@
+"""What the scheduler's batches carry, from results written by hand (tests/support/scheduler_desk.py):
+the distinct problems trained, and the advantages a published batch carries."""
+
+import pytest
+
+from schemas import decode, topic_name
+from tests.support.scheduler_desk import started
+
+
+def test_problems_trained_counts_distinct_problems_that_entered_a_batch_and_survives_a_restart(tmp_path):
+    """How broadly a run trains, not only how much: a group without a signal is looked at, not
+    trained; the count is kept in the snapshot."""
+    from scheduler.service import Scheduler
+
+    cfg, transport, scheduler, desk = started(tmp_path)
+    looks = desk.read()
+    assert len(looks) == 4 and all(d.group_size == 8 for d in looks)
+    for d, rewards in zip(looks, ([1.0, 0.0] * 4, [1.0] + [0.0] * 7, [0.0] * 8, [1.0] * 8)):
+        desk.answer(d, rewards)
+    scheduler.step()
+    assert scheduler.next_seq == 1  # one batch, of the two groups with a signal
+    assert scheduler.gauges()["problems_trained"] == 2
+    assert scheduler.counters["zero_signal_dropped"] == 2
+    scheduler.snapshot()
+    restarted = Scheduler(cfg, transport)
+    assert restarted.gauges()["problems_trained"] == 2
+    assert restarted.trained[[restarted.index[d.problem_id] for d in looks[:2]]].tolist() == [1, 1]
+
+
+def test_problems_trained_leaves_out_groups_without_a_signal_when_they_are_trained_unfiltered(tmp_path):
+    """Uniform GRPO trains zero-variance groups too (zero advantages, no gradient): they do
+    not count as problems trained, so the count compares across strategies."""
+    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.filter_zero_variance": "false"})
+    looks = desk.read()
+    for d, rewards in zip(looks, ([1.0, 0.0] * 4, [0.0] * 8, [0.0] * 8, [1.0] * 8)):
+        desk.answer(d, rewards)
+    scheduler.step()
+    assert scheduler.next_seq == 1 and scheduler.counters.get("zero_signal_dropped", 0) == 0  # all four trained
+    assert scheduler.gauges()["problems_trained"] == 1
+    assert scheduler.trained[scheduler.index[looks[0].problem_id]] == 1
+
+
+@pytest.mark.parametrize("scaled, success, failure", [("true", 7 ** 0.5, -(7 ** -0.5)), ("false", 0.875, -0.125)])
+def test_the_published_batch_carries_the_configured_advantages(tmp_path, scaled, success, failure):
+    """scheduler.advantage_std reaches the batches the learner trains: GRPO's std-scaled
+    advantages by default, Dr. GRPO's r - mean(r) when false."""
+    from schemas import TrainBatch
+    from schemas.topics import BATCHES
+
+    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.advantage_std": scaled})
+    batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)
+    for d in desk.read():
+        desk.answer(d, [1.0] + [0.0] * 7)
+    scheduler.step()
+    [message] = batches.poll(0.0)
+    advantages = [r.advantage for r in decode(message.value, TrainBatch).rollouts]
+    assert advantages == pytest.approx(([success] + [failure] * 7) * 4, rel=1e-4)  # four groups alike
