@@ -221,14 +221,3 @@ def pick_args(name: str) -> tuple[list[str], list[str]]:
     pick's items and steps per batch, each scoped to it."""
     rate = [f"{name}={PICK_LR[name]}"] if name in PICK_LR else []
     return rate, [f"{name}:{item}" for item in [*PICKS[name], f"{MU}={PICK_UPDATES}"]]
-
-
-def reported_setting(name: str) -> tuple[float | None, int, frozenset[str]] | None:
-    """A reported row's setting as a ``--picks`` run of it records it (rate, steps per batch,
-    --set items; read through the same functions a run's are); None without a reported row."""
-    if name not in PICKS:
-        return None
-    rate, items = pick_args(name)
-    items = [*BASELINE_SETS, *items]  # as main composes a --picks run's --set
-    return (learning_rates(None, rate)[name], updates_per_batch(strategy_overrides(items, name)),
-            frozenset(recorded_overrides(items, name)))

@@ -9,9 +9,9 @@ import statistics
 from pathlib import Path
 
 from benchmarks.learning_figures import area_under_curve, smoothed
-from benchmarks.learning_settings import (ADOPT_MARGIN, BUILTIN_POOL, MODES, REAL, STRATEGIES, effective_overrides,
-                                          learning_rates, named_strategy, recorded_overrides, reported_setting,
-                                          updates_per_batch)
+from benchmarks.learning_settings import (ADOPT_MARGIN, BASELINE_SETS, BUILTIN_POOL, MODES, PICKS, REAL, STRATEGIES,
+                                          effective_overrides, learning_rates, named_strategy, pick_args,
+                                          recorded_overrides, strategy_overrides, updates_per_batch)
 
 POOLED_SETTINGS = ("mode", "task", "budget", "eval_every", "heldout", "pool")  # must agree to pool runs (and each
 # strategy's learning rate, steps per batch and --set items, which each run records)
@@ -169,6 +169,17 @@ def tried_settings(paths: list[str], smooth: int) -> dict[tuple, list[dict]]:
     for rows in tried.values():
         rows.sort(key=lambda row: -row["auc"])
     return tried
+
+
+def reported_setting(name: str) -> tuple[float | None, int, frozenset[str]] | None:
+    """A reported row's setting as a ``--picks`` run of it records it (rate, steps per batch,
+    --set items; read through the same functions a run's are); None without a reported row."""
+    if name not in PICKS:
+        return None
+    rate, items = pick_args(name)
+    items = [*BASELINE_SETS, *items]  # as main composes a --picks run's --set
+    return (learning_rates(None, rate)[name], updates_per_batch(strategy_overrides(items, name)),
+            frozenset(recorded_overrides(items, name)))
 
 
 def tuned_setting(row: dict) -> tuple[float | None, int, frozenset[str]]:

@@ -198,8 +198,8 @@ class Learner(Service):
         set_lr(self.optimizer, annealed_lr(learner.lr, self.version, learner.lr_decay_steps, learner.lr_final_ratio))
         t0 = time.perf_counter()
         stats = train_step(self.model, self.optimizer, usable, learner, self.pad_id, self.dist)
-        stats.update(lr=self.optimizer.param_groups[0]["lr"], train_seconds=time.perf_counter() - t0, **self.age_metrics(usable),
-                     mean_reward=sum(r.reward for r in usable) / len(usable),
+        stats.update(lr=self.optimizer.param_groups[0]["lr"], train_seconds=time.perf_counter() - t0,
+                     **self.age_metrics(usable), mean_reward=sum(r.reward for r in usable) / len(usable),
                      stale_dropped=self.counters.get("stale_dropped", 0))
         self.version += 1
         self.last_seq = batch.seq

@@ -17,6 +17,7 @@ from benchmarks.learning import cores, curves_path, main, pool_accuracy, pool_ro
 from benchmarks.learning_figures import (against_baselines, against_reference, area_under_curve, bootstrap_interval,
                                          censored_median, crossing, difficulty_cells, difficulty_differences,
                                          difficulty_finals, goals, median_difference, pool_median, rollouts_ratio, smoothed)
+from benchmarks import learning_settings as settings
 from benchmarks.learning_settings import STRATEGIES, effective_overrides
 
 
@@ -506,14 +507,14 @@ def test_each_strategy_trains_at_the_optimizer_steps_per_batch_tuned_for_its_poo
     monkeypatch.setattr(learning, "write_json", lambda *a, **k: None)
     args = learning.argparse.Namespace(first_seed=0, eval_every=256, set=[], task=None, mode="default", jobs=1, smooth=1)
     runs = learning.run_all(args, [], ["uniform", "priority_flat"], 1, 256, {})
-    assert "learner.updates_per_batch=2" in launched[("uniform", 0)] and learning.UPDATES["uniform"] == 2
+    assert "learner.updates_per_batch=2" in launched[("uniform", 0)] and settings.UPDATES["uniform"] == 2
     assert not any("updates_per_batch" in item for item in launched[("priority_flat", 0)])
     assert runs["uniform"][0]["updates"] == 2 and runs["priority_flat"][0]["updates"] == 1
     args.set = ["learner.updates_per_batch=3"]
     assert learning.run_all(args, [], ["uniform"], 1, 256, {})["uniform"][0]["updates"] == 3
     args.mode, args.set = "large-pool", []
     runs = learning.run_all(args, [], ["uniform", "dapo_filter"], 1, 256, {})
-    assert runs["uniform"][0]["updates"] == 1 and runs["dapo_filter"][0]["updates"] == learning.MODE_UPDATES["large-pool"]["dapo_filter"] == 2
+    assert runs["uniform"][0]["updates"] == 1 and runs["dapo_filter"][0]["updates"] == settings.MODE_UPDATES["large-pool"]["dapo_filter"] == 2
 
 
 def test_the_baselines_draw_the_pool_in_passes_and_their_runs_record_it(tmp_path, monkeypatch):
@@ -596,7 +597,7 @@ def test_the_check_before_the_runs_loads_each_strategy_as_its_runs_do(monkeypatc
                  "--set", "uniform:scheduler.uniform_drop_unsolved=true"]) == 0
     assert {"learner.lr=1e-05", "learner.updates_per_batch=2", "scheduler.uniform_drop_unsolved=true"} <= set(launched["uniform"])
     for name in ("uniform", "priority_flat"):
-        own = [*learning.STRATEGIES[name], *launched[name]]
+        own = [*settings.STRATEGIES[name], *launched[name]]
         assert any(items[-len(own):] == own for items in checked), name
 
 
@@ -759,8 +760,8 @@ def test_every_reported_row_is_the_tuning_rules_pick_on_the_stored_tuning_runs()
     reported row's setting is what the rule picks (``--tuning``), so a tuning run that beats a pick
     past the margin fails here until the row moves; the shuffled control alone runs at another
     row's pick (the group prior's), as a control must."""
-    from benchmarks.learning_settings import BUILTIN_POOL, PICKS, reported_setting
-    from benchmarks.learning_stored import pool_key, rule_pick, tried_settings, tuned_setting
+    from benchmarks.learning_settings import BUILTIN_POOL, PICKS
+    from benchmarks.learning_stored import pool_key, reported_setting, rule_pick, tried_settings, tuned_setting
 
     root = Path(__file__).resolve().parents[2]
     tried = tried_settings(sorted(str(path) for path in (root / "benchmarks/results").glob("tune-*.json")), 3)
@@ -792,7 +793,7 @@ def test_the_picks_are_the_settings_every_reported_row_was_trained_at(tmp_path, 
     launched, ran = untrained_runs(monkeypatch), {}
     monkeypatch.setattr(learning, "report", lambda args, results, *rest: ran.update(results))
     assert main(["--picks", "--seeds", "1", "--png", str(tmp_path / "c.png")]) == 0
-    assert list(ran) == list(learning.PICKS)
+    assert list(ran) == list(settings.PICKS)
     rows = set()
     for path, only in reported_files():
         for name, runs in json.loads(path.read_text())["runs"].items():
@@ -803,7 +804,7 @@ def test_the_picks_are_the_settings_every_reported_row_was_trained_at(tmp_path, 
                 trained = (run["lr"], run["updates"], effective_overrides(run["set"]))  # as it pools
                 assert trained == (ran[name][0]["lr"], ran[name][0]["updates"], ran[name][0]["set"]), (path.name, name)
             assert f"learner.lr={run['lr']}" in launched[name] and "learner.updates_per_batch=2" in launched[name]
-    assert rows == set(learning.PICKS)
+    assert rows == set(settings.PICKS)
 
 
 def test_picks_on_another_mode_or_for_a_strategy_without_a_reported_row_fail_with_one_line(capsys):
