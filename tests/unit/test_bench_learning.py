@@ -597,7 +597,7 @@ def test_the_check_before_the_runs_loads_each_strategy_as_its_runs_do(monkeypatc
                  "--set", "uniform:scheduler.uniform_drop_unsolved=true"]) == 0
     assert {"learner.lr=1e-05", "learner.updates_per_batch=2", "scheduler.uniform_drop_unsolved=true"} <= set(launched["uniform"])
     for name in ("uniform", "priority_flat"):
-        own = [*settings.STRATEGIES[name], *launched[name]]
+        own = [*STRATEGIES[name], *launched[name]]
         assert any(items[-len(own):] == own for items in checked), name
 
 
