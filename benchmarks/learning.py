@@ -116,7 +116,7 @@ def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str],
         summary = run_pipeline(cfg, progress=False, max_rollouts=budget - scored)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
         pool = pool_accuracy(cfg)
-    return {**summarize_run(rows, summary, scored), "pool_end": pool}
+    return {**summarize_run(rows, summary, scored, cfg.learner.grad_clip), "pool_end": pool}
 
 
 def pool_accuracy(cfg) -> dict[str, float]:
@@ -146,9 +146,10 @@ def likelihood_groups(cfg, out: str) -> int:
     return len(problems)
 
 
-def summarize_run(rows: list[dict], summary: dict, charged: int = 0) -> dict:
+def summarize_run(rows: list[dict], summary: dict, charged: int = 0, grad_clip: float | None = None) -> dict:
     """One run's figures; ``charged`` rollouts of work before the run (a scoring pass) move its
-    curve that far along the rollouts axis."""
+    curve that far along the rollouts axis; ``grad_clip``, the run's gradient-norm clip: the share
+    of batches whose first step it rescaled (their norm before the clip above it)."""
     evals = [r for r in rows if "learner/eval/accuracy" in r]
     sched = [r for r in rows if r["service"] == "scheduler"][-1]
     steps = [r for r in rows if "learner/loss" in r]
@@ -169,6 +170,9 @@ def summarize_run(rows: list[dict], summary: dict, charged: int = 0) -> dict:
         "replay_evicted_never_drawn": sched.get("scheduler/replay/evicted_never_drawn", 0),
         "clip_fresh": statistics.mean(r.get("learner/fresh/clip_fraction", 0.0) for r in steps) if steps else 0.0,
         "clip_replay": statistics.mean(r["learner/replay/clip_fraction"] for r in replay_steps) if replay_steps else None,
+        "grad_norm_median": statistics.median(r["learner/grad_norm"] for r in steps) if steps else None,
+        "grad_clip_share": (statistics.mean(r["learner/grad_norm"] > grad_clip for r in steps)
+                            if steps and grad_clip is not None else None),
         "rollouts": summary["rollouts_generated"] + charged, "charged_rollouts": charged,
         "seconds": summary["seconds"], "steps": summary["steps"],
     }
@@ -380,6 +384,9 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
         print("replay (paper B): " + "; ".join(
             f"{n} share {t[n]['replay_share']:.2f} clip fresh/replay {t[n]['clip_fresh']:.3f}/"
             f"{'-' if t[n]['clip_replay'] is None else format(t[n]['clip_replay'], '.3f')}" for n in replayed))
+    if clipped := [n for n, r in t.items() if r["grad_clip_share"] is not None]:
+        print("gradient-norm clip: share of batches it rescaled (median norm before it): " + "; ".join(
+            f"{n} {t[n]['grad_clip_share']:.2f} ({t[n]['grad_norm_median']:.2f})" for n in clipped))
     curves_png(results, args.png, args.targets, f"prl bench learning: {where}", args.smooth, ref_runs)
     print(f"curves: {args.png}")
     write_json(args, table=t, runs=results)

@@ -68,10 +68,16 @@ def table(results: dict[str, list[dict]], targets: list[float], budget: int) -> 
             **{k: statistics.mean(r[k] for r in runs) for k in (
                 "signal_share", "zero_signal_rollouts", "retest_share", "never_dispatched_share", "steps", "seconds",
                 "completion_tokens_trained", "completion_tokens_stale", "replay_share", "clip_fresh")},
-            "clip_replay": (statistics.mean(r["clip_replay"] for r in runs if r["clip_replay"] is not None)
-                            if any(r["clip_replay"] is not None for r in runs) else None),
+            **{k: mean_where_measured(runs, k) for k in ("clip_replay", "grad_norm_median", "grad_clip_share")},
         }
     return out
+
+
+def mean_where_measured(runs: list[dict], key: str) -> float | None:
+    """Mean of ``key`` over the runs that have it (None if none do: no replay, or runs stored
+    before the benchmark recorded it)."""
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.mean(values) if values else None
 
 
 def pool_median(runs: list[dict], key: str = "accuracy") -> float | None:

@@ -881,3 +881,22 @@ def test_a_killed_benchmark_takes_its_workers_with_it(tmp_path):
         if pid_file.exists() and alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
+
+
+def test_a_run_records_how_often_the_gradient_norm_clip_rescaled_its_steps(tmp_path, capsys):
+    from benchmarks.learning import summarize_run
+
+    rows = [{"service": "learner", "rollouts_generated": 0, "learner/eval/accuracy": 0.3},
+            *({"service": "learner", "learner/loss": 0.1, "learner/replay_share": 0.0, "learner/grad_norm": g}
+              for g in (0.5, 2.0, 3.0)),
+            {"service": "scheduler", "scheduler/signal_share": 0.5}]
+    run = summarize_run(rows, {"rollouts_generated": 512, "seconds": 1.0, "steps": 3}, grad_clip=1.0)
+    assert run["grad_clip_share"] == 2 / 3 and run["grad_norm_median"] == 2.0
+    assert summarize_run(rows, {"rollouts_generated": 512, "seconds": 1.0, "steps": 3})["grad_clip_share"] is None
+
+    path = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2, 0.3]], "priority_flat": [[0.1, 0.4, 0.4]]})
+    data = json.loads(open(path).read())
+    data["runs"]["priority_flat"][0].update(grad_clip_share=0.98, grad_norm_median=1.49)
+    open(path, "w").write(json.dumps(data))
+    assert main(["--from-json", path, "--smooth", "1", "--png", str(tmp_path / "c.png")]) == 0
+    assert "gradient-norm clip: share of batches it rescaled (median norm before it): priority_flat 0.98 (1.49)" in capsys.readouterr().out
