@@ -41,7 +41,8 @@ are compared at equal generation cost. Reported: rollouts to each target (median
 a seed that misses counts as beyond the budget), final accuracy, area under the accuracy-vs-
 rollouts curve, groups with signal, zero-signal rollouts, retest and never-dispatched shares,
 distinct problems trained on (how broadly, not only how much), completion length of trained vs
-dropped-as-stale rollouts, and seed paper B's replay figures;
+dropped-as-stale rollouts, seed paper B's replay figures and the share of batches the
+gradient-norm clip rescaled;
 each goal figure with its 90% bootstrap interval over seeds (how far other seeds could move it),
 and every other strategy against both baselines at every target, likewise;
 and each run's final policy on its own training pool beside the held-out set, per difficulty
