@@ -882,8 +882,7 @@ def test_a_killed_benchmark_takes_its_workers_with_it(tmp_path):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
-
-def test_a_run_records_how_often_the_gradient_norm_clip_rescaled_its_steps(tmp_path, capsys):
+def test_a_run_records_how_often_the_gradient_norm_clip_rescaled_its_batches(tmp_path, capsys):
     from benchmarks.learning import summarize_run
 
     rows = [{"service": "learner", "rollouts_generated": 0, "learner/eval/accuracy": 0.3},
