@@ -277,12 +277,12 @@ class ProducerPool:
                     raise RuntimeError(f"a simulated producers' process did not start within {timeout_s:.0f} s "
                                        f"(exit code {side.proc.exitcode})")
 
-    def grow(self, count: int) -> None:
-        """Start producers until there are ``count``."""
-        for commands, names in zip(self.commands, producer_names(self.count, count, len(self.sides))):
+    def grow(self, producers: int) -> None:
+        """Start producers until there are ``producers``."""
+        for commands, names in zip(self.commands, producer_names(self.count, producers, len(self.sides))):
             if names:
                 commands.put(names)
-        self.count = max(self.count, count)
+        self.count = max(self.count, producers)
 
     def totals(self) -> tuple[float, float]:
         """Groups and bytes sent so far, all processes (as of their last report, at most 0.1 s old)."""
@@ -371,11 +371,11 @@ def ramp(args, bootstrap: str, broker_pid: int | None, work: Path, mode: str) ->
     latencies["queued"] = pool.queued
     steps = []
     try:
-        for count in args.producers:
-            pool.grow(count)
+        for producers in args.producers:
+            pool.grow(producers)
             pids = {"scheduler": scheduler.proc.pid, "broker": broker_pid, "producers": pool.pids,
                     "learner": learner.proc.pid, "watcher": watcher.proc.pid, "probe": probe.proc.pid}
-            steps.append(measure(pool, latencies, pids, run_dir, counters, args.seconds, count))
+            steps.append(measure(pool, latencies, pids, run_dir, counters, args.seconds, producers))
             print(f"{mode:>24} " + format_step(steps[-1]), flush=True)
             if len(steps) > 1 and all(behind(s) for s in steps[-2:]):
                 break  # two steps in a row behind: groups pile up unaccepted
@@ -402,7 +402,7 @@ def cores_used(pids: dict, before: dict, dt: float) -> dict:
     return {name: (cpu_seconds(pid) - before[name]) / dt for name, pid in pids.items() if pid}
 
 
-def measure(pool: ProducerPool, latencies: dict, pids: dict, run_dir: Path, counters, seconds: float, count: int) -> dict:
+def measure(pool: ProducerPool, latencies: dict, pids: dict, run_dir: Path, counters, seconds: float, producers: int) -> dict:
     time.sleep(seconds / 3)  # settle after adding producers
     cpu_before = {name: cpu_seconds(p) for name, p in pids.items() if p}
     groups0, bytes0 = pool.totals()
@@ -422,7 +422,7 @@ def measure(pool: ProducerPool, latencies: dict, pids: dict, run_dir: Path, coun
     cores = cores_used(pids, cpu_before, dt)
     ack_buckets = {b: n - sched0["dispatch_to_ack_buckets"].get(b, 0) for b, n in sched["dispatch_to_ack_buckets"].items()}
     return {
-        "producers": count, "offered_groups_per_s": groups / dt, "accepted_groups_per_s": accepted / dt,
+        "producers": producers, "offered_groups_per_s": groups / dt, "accepted_groups_per_s": accepted / dt,
         "backlog_growth_per_s": (groups - accepted) / dt, "MB_per_s_in": nbytes / dt / 1e6,
         "scheduler_cpu_per_s": cores["scheduler"], "cores_used": cores,
         "scheduler_cpu_ms_per_group": 1e3 * cores["scheduler"] * dt / max(1, accepted),
