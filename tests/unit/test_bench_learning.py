@@ -894,8 +894,8 @@ def test_a_run_records_how_often_the_gradient_norm_clip_rescaled_its_batches(tmp
     assert summarize_run(rows, {"rollouts_generated": 512, "seconds": 1.0, "steps": 3})["grad_clip_share"] is None
 
     path = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2, 0.3]], "priority_flat": [[0.1, 0.4, 0.4]]})
-    data = json.loads(open(path).read())
+    data = json.loads((tmp_path / "a.json").read_text())
     data["runs"]["priority_flat"][0].update(grad_clip_share=0.98, grad_norm_median=1.49)
-    open(path, "w").write(json.dumps(data))
+    (tmp_path / "a.json").write_text(json.dumps(data))
     assert main(["--from-json", path, "--smooth", "1", "--png", str(tmp_path / "c.png")]) == 0
     assert "gradient-norm clip: share of batches it rescaled (median norm before it): priority_flat 0.98 (1.49)" in capsys.readouterr().out
