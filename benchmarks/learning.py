@@ -238,7 +238,7 @@ def real_task_base(task: str, pool: int) -> list[str]:
     cfg = load_config(CONFIG)
     return [f"model.path={json.dumps(model)}", "task.name='dataset'", f"task.train_path='{data.out_dir}/train.parquet'",
             f"task.heldout_path='{data.out_dir}/test.parquet'", "producer.reward='producers.rewards:reasoning_gym'",
-            f"sampling.max_tokens={cfg.sampling.max_tokens}", f"learner.lr={cfg.learner.lr}", "learner.bf16_autocast=true"]
+            f"sampling.max_tokens={cfg.sampling.max_tokens}", f"learner.lr={cfg.learner.lr}", "learner.bf16_autocast=auto"]
 
 
 def strategy_extras(args, strategies: list[str], lrs: dict[str, float]) -> dict[str, list[str]]:

@@ -28,7 +28,7 @@ from learner.train import annealed_lr, make_optimizer, set_lr, train_step
 from prl import storage
 from prl.formulas import rollout_age
 from prl.generation import TransformersBackend
-from prl.models import export_state, load_model, load_state, load_tokenizer, resolve_model_dir
+from prl.models import bf16_autocast_on, export_state, load_model, load_state, load_tokenizer, native_bf16, resolve_model_dir
 from prl.rewards import load_reward
 from prl.service import Service, ServiceStopped
 from prl.tasks import heldout_problems
@@ -60,6 +60,8 @@ class Learner(Service):
         self.trained: OrderedDict[str, None] = OrderedDict()  # fresh rollout ids, newest last
         self.resume_and_shard()
         self.log.info("memory", **distributed.memory_report(self.model, self.dist))
+        if self.is_main:
+            self.log_precision()
         self.prepare_evaluation()
         self.source, self.exhausted, self.groups = None, False, None  # groups: claim-check batches' rollouts, made on first use
         if self.is_main:
@@ -69,6 +71,15 @@ class Learner(Service):
         self.next_eval_rollouts, self.evaluated_at = cfg.learner.eval_every_rollouts, -1
         if (cfg.learner.eval_every or cfg.learner.eval_every_rollouts) and self.heldout and self.version == 0:
             self.evaluate()
+
+    def log_precision(self) -> None:
+        """Say once whether training runs under bf16 autocast; warn when it was asked for where
+        bf16 is emulated (a CPU with AVX2 alone: 16x slower than fp32, measured)."""
+        setting, native = self.cfg.learner.bf16_autocast, native_bf16()
+        self.log.info("precision", bf16_autocast=bf16_autocast_on(setting, native), native_bf16=native)
+        if setting is True and not native:
+            self.log.warning("bf16_autocast_emulated", fix="this device computes bf16 only by emulation (no GPU, AVX512-BF16 "
+                             "or AMX), far slower than fp32: set learner.bf16_autocast = \"auto\" or false")
 
     def resume_and_shard(self) -> None:
         """Weights from the latest checkpoint (into the whole model), then FSDP sharding, then

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from learner.grpo import grpo_loss
+from prl.models import bf16_autocast_on, native_bf16
 from schemas import TrainRollout
 
 
@@ -151,7 +152,7 @@ def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: in
     statistics over all ranks."""
     sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
     autocast = torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16,
-                              enabled=cfg.bf16_autocast)
+                              enabled=bf16_autocast_on(cfg.bf16_autocast, native_bf16()))
     for mb in plan:
         with autocast:
             if mb:

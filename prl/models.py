@@ -77,6 +77,21 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(resolve_model_dir(path))
 
 
+def native_bf16() -> bool:
+    """Whether this machine computes bfloat16 natively: a CUDA GPU that supports it, else a CPU
+    with AVX512-BF16 or AMX (torch's own checks). A CPU with AVX2 alone emulates bf16."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return any(getattr(torch.cpu, check, lambda: False)() for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def bf16_autocast_on(setting: bool | str, native: bool) -> bool:
+    """``learner.bf16_autocast`` resolved: true and false as set, "auto" only where bf16 is native."""
+    return native if setting == "auto" else bool(setting)
+
+
 def export_state(model, state: dict | None = None) -> dict:
     """Weights to save (``state``, default the model's own): HF layout, tied output
     embeddings left out (loaders re-tie them)."""

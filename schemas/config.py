@@ -194,7 +194,7 @@ class LearnerConfig(Section):
     max_steps: int = Field(200, ge=1, description="Stop after this many optimizer steps.")
     threads: int = Field(0, ge=0, description="torch threads (0: leave torch's default).")
     micro_batch_tokens: int = Field(16_384, ge=1, description="Padded tokens per micro-batch; gradients accumulate over micro-batches.")
-    bf16_autocast: bool = Field(False, description="Run forward and backward under bfloat16 autocast.")
+    bf16_autocast: bool | Literal["auto"] = Field(False, description="Run forward and backward under bfloat16 autocast: true, false, or \"auto\": on only where the device computes bf16 natively (a CUDA GPU that supports it, a CPU with AVX512-BF16 or AMX); a CPU with AVX2 alone emulates it, 16x slower than fp32 (measured).")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in backward (saves memory).")
     fetch_cache_mb: int = Field(256, ge=0, description="Claim-check batches: keep up to this many MB of the rollout groups fetched for them, so a replayed rollout is not fetched from the broker again (groups older than scheduler.tau_max leave first; 0: fetch every time).")
     batches_from: str | None = Field(None, description="Train from a file of TrainBatch records (path or fsspec URI) instead of the batch topic.")

@@ -379,6 +379,25 @@ def test_learner_dead_letters_a_batch_with_out_of_vocabulary_tokens(tmp_path):
     assert learner.version == 0 and learner.counters["dead_lettered/invalid_value"] == 1
 
 
+@pytest.mark.parametrize("setting", ["true", "auto"])
+def test_learner_warns_once_when_bf16_autocast_would_be_emulated(tmp_path, monkeypatch, setting):
+    """On a device without native bf16, bf16_autocast = true is obeyed with one warning that
+    names the fix; "auto" trains in fp32 and says so, without a warning."""
+    import learner.service
+    from structlog.testing import capture_logs
+
+    monkeypatch.setattr(learner.service, "native_bf16", lambda: False)
+    cfg = small_config(tmp_path, **{"learner.bf16_autocast": setting})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    with capture_logs() as logs:
+        learner.service.Learner(cfg, transport)
+    precision = [e for e in logs if e["event"] == "precision"]
+    warned = [e for e in logs if e["event"] == "bf16_autocast_emulated"]
+    assert [e["bf16_autocast"] for e in precision] == [setting == "true"]
+    assert len(warned) == (setting == "true") and all('"auto"' in e["fix"] for e in warned)
+
+
 def write_problems(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)

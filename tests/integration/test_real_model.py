@@ -69,7 +69,7 @@ def real_config(model_dir, tmp_path):
         "task.train_path": str(tmp_path / "data" / "train.parquet"), "producer.reward": "producers.rewards:reasoning_gym",
         "sampling.group_size": 4, "sampling.max_tokens": 8, "scheduler.strategy": "uniform",
         "scheduler.groups_per_batch": 2, "scheduler.max_in_flight": 2, "scheduler.replay.enabled": False,
-        "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": True, "learner.keep_checkpoints": 1,
+        "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": "auto", "learner.keep_checkpoints": 1,
     }.items()])
 
 

@@ -16,9 +16,15 @@ def test_dotted_overrides_are_typed():
     assert cfg.learner.lr == 3e-5 and cfg.run.name == "exp1" and cfg.task.train_per_digit == [10, 20]
 
 
+def test_bf16_autocast_takes_true_false_or_auto():
+    assert [load_config(overrides=[f"learner.bf16_autocast={v}"]).learner.bf16_autocast for v in ("true", "false", "auto")] \
+        == [True, False, "auto"]
+
+
 @pytest.mark.parametrize(
     "override, field",
     [
+        ("learner.bf16_autocast='sometimes'", "learner.bf16_autocast"),
         ("learner.lr=-1", "learner.lr"),
         ("sampling.group_size=1", "sampling.group_size"),
         ("transport.type='carrier-pigeon'", "transport.type"),

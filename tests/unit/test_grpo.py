@@ -122,6 +122,24 @@ def test_the_training_step_goes_through_the_tested_loss(monkeypatch):
     assert m["loss"] == pytest.approx(expected.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("setting, native, autocast", [("auto", True, True), ("auto", False, False), (True, False, True),
+                                                       (False, True, False)])
+def test_bf16_autocast_auto_trains_in_bf16_only_where_the_device_has_it_natively(monkeypatch, setting, native, autocast):
+    """learner.bf16_autocast = "auto": bf16 autocast where bf16 is native, fp32 where it would be
+    emulated (a CPU with AVX2 alone, 16x slower); true and false are obeyed as set."""
+    import learner.train as train
+    from prl.models import load_model
+    from schemas.config import LearnerConfig
+
+    enabled, real = [], torch.autocast
+    monkeypatch.setattr(train, "native_bf16", lambda: native)
+    monkeypatch.setattr(train.torch, "autocast", lambda *a, **k: enabled.append(k["enabled"]) or real(*a, **k))
+    model = load_model("builtin:tiny-adder")
+    train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), random_rollouts(4, seed=3),
+                     LearnerConfig(bf16_autocast=setting))
+    assert enabled == [autocast]
+
+
 def test_updates_per_batch_steps_the_optimizer_that_many_times_on_one_batch():
     """GRPO's mu: mu optimizer steps on one batch, each moving the weights further; the step's
     metrics are the first pass's (the batch against the policy it arrived at), as with one."""
