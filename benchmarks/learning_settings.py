@@ -123,7 +123,7 @@ MODES = {  # name: (seeds, rollout budget, training pool of the built-in task, s
 # curve of 2.5e-5, 5e-5 and 1e-4 over seeds 100-107 (not seeds any reported run uses), every
 # strategy the mode runs alike (benchmarks/RESULTS.md).
 MODE_LR = {"large-pool": {"uniform": 2.5e-5, "dapo_filter": 5e-5, "full": 5e-5, "full_likelihood": 5e-5}}
-REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized: 8-12 min per run on 2 cores); the
+REAL = {  # --task: the real model on a reasoning-gym task (CPU-sized: 8-12 min per run on 2 cores with AMX); the
     # training pool is `pool` problems drawn at random from the dataset's training split (POOL_SEED,
     # the same for every run), so each is visited about budget / (8 x pool) = 4 times and the
     # priority has results to act on (the test set is the same whatever the pool)
