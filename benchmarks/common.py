@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from prl.cli.parser import count, fraction, natural, positive  # noqa: F401 (the benchmarks' option types)
@@ -32,13 +35,28 @@ def git_state() -> dict:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
+def machine() -> dict:
+    """What the figures ran on: the CPU, its cores and, where torch is loaded, its vector
+    capability and whether it computes bf16 natively (wall times and the pipeline's off-policy
+    lags depend on them, so runs pool only with runs from a like machine)."""
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines() if line.startswith("model name")] \
+        if info.exists() else []
+    out = {"cpu": names[0] if names else platform.processor() or platform.machine(), "cores": os.cpu_count()}
+    if "torch" in sys.modules:
+        from prl.models import native_bf16
+
+        out.update(torch_cpu_capability=sys.modules["torch"].backends.cpu.get_cpu_capability(), native_bf16=native_bf16())
+    return out
+
+
 def write_json(args, **figures) -> None:
-    """Write the run's arguments, the code's commit and the figures to ``args.json`` when it
-    was given."""
+    """Write the run's arguments, the code's commit, the machine and the figures to
+    ``args.json`` when it was given."""
     if args.json:
         code = code_version()  # before the file is opened: rewriting a committed results file would count as a change
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "code": code, **figures}, f, indent=2, default=str)
+            json.dump({"args": vars(args), "code": code, "machine": machine(), **figures}, f, indent=2, default=str)
 
 
 def quiet_console() -> None:

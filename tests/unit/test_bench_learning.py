@@ -389,6 +389,24 @@ def test_benchmark_json_records_the_commit_it_ran_from(tmp_path):
         assert len(code["commit"]) == 40 and isinstance(code["dirty"], bool)
 
 
+def test_benchmark_json_records_the_machine_and_its_bf16(tmp_path):
+    """Wall times and off-policy lags depend on the machine (a CPU without native bf16 trained
+    16x slower under autocast), so every results file says what it ran on."""
+    from argparse import Namespace
+
+    import torch
+
+    from benchmarks.common import write_json
+    from prl.models import native_bf16
+
+    out = tmp_path / "b.json"
+    write_json(Namespace(json=str(out)), figure=1.0)
+    machine = json.loads(out.read_text())["machine"]
+    assert machine["cpu"] and machine["cores"] >= 1
+    assert machine["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert machine["native_bf16"] is native_bf16()
+
+
 def test_the_code_version_is_read_before_the_results_file_is_rewritten(tmp_path, monkeypatch):
     """Rewriting a committed results file must not mark the run's own code as changed: the
     tree is checked before the file is opened (and so truncated)."""
