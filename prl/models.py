@@ -6,6 +6,7 @@ through fsspec (file://, s3://, ...) and loaded into a running model in place.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -77,9 +78,11 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(resolve_model_dir(path))
 
 
+@functools.cache
 def native_bf16() -> bool:
     """Whether this machine computes bfloat16 natively: a CUDA GPU that supports it, else a CPU
-    with AVX512-BF16 or AMX (torch's own checks). A CPU with AVX2 alone emulates bf16."""
+    with AVX512-BF16 or AMX (torch's own checks). A CPU with AVX2 alone emulates bf16. Asked
+    once per process (the learner asks on every step)."""
     import torch
 
     if torch.cuda.is_available():
