@@ -95,8 +95,8 @@ from benchmarks.learning_settings import (ADOPT_MARGIN, BASELINE_SETS, BUILTIN_P
                                           MODES, MU, PICKS, POOL_SEED, REAL, SETTINGS, STRATEGIES, TASK_POOL, UPDATES,
                                           learning_rates, override_scope, pick_args, recorded_overrides, strategy_overrides,
                                           strategy_settings, updates_per_batch)
-from benchmarks.learning_stored import (commits_line, picks_text, pooled_runs, stored_budget, stored_pool, tried_settings,
-                                        tuning_png, tuning_strips)
+from benchmarks.learning_stored import (commits_line, machines_line, picks_text, pooled_runs, stored_budget, stored_pool,
+                                        tried_settings, tuning_png, tuning_strips)
 from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
 from prl.tasks import train_problems
 from schemas.config import load_config
@@ -539,8 +539,10 @@ def main(argv=None) -> int:
                f"files, seeds per strategy: {seeds}; budget {budget:,} rollouts, evaluated every "
                f"{stored.get('eval_every')} rollouts", f"lr {rates or 'from the config'}", reference)
         print(commits_line(results))
+        print(machines_line(results))
         if reference:
             print("reference runs' " + commits_line(reference[1]))
+            print("reference runs' " + machines_line(reference[1]))
         return 0
     args.png = args.png or curves_path(args.task, args.mode)
     quiet_console()

@@ -47,7 +47,7 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None,
             with open(path) as f:
                 data = json.load(f)
             stored, runs = data["args"], data["runs"]
-            commit = commit_label(data.get("code"))
+            commit, made_on = commit_label(data.get("code")), machine_label(data.get("machine"))
             first = first or stored
             for key in POOLED_SETTINGS:
                 if stored.get(key) != first.get(key):
@@ -83,9 +83,9 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None,
                         raise ValueError(f"{name} seed {seed} is also in an earlier file")
                     seen.add((name, seed))
                     curve = smoothed([a for _, a in run["curve"]], smooth)
-                    results.setdefault(name, []).append({**run, "seed": seed, "commit": commit, "smoothed": curve,
-                                                            "final": curve[-1], "updates": updates[name],
-                                                            "set": overrides[name]})
+                    results.setdefault(name, []).append({  # a pooled file's runs keep the commit and machine they name
+                        **run, "seed": seed, "commit": run.get("commit", commit), "machine": run.get("machine", made_on),
+                        "smoothed": curve, "final": curve[-1], "updates": updates[name], "set": overrides[name]})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             reason = (exc if isinstance(exc, ValueError) else f"cannot read it ({exc.strerror or exc})" if isinstance(exc, OSError)
                       else f"not a `prl bench learning --json` file ({type(exc).__name__}: {exc})")
@@ -116,15 +116,41 @@ def commit_label(code: dict | None) -> str:
     return code["commit"][:7] + ("+" if code.get("dirty") else "")
 
 
-def commits_line(results: dict[str, list[dict]]) -> str:
-    """Which code made the pooled runs: runs of different commits may differ in more than
-    their seeds, and the reader should know."""
+def machine_label(machine: dict | None) -> str:
+    """A stored file's machine (``benchmarks.common.machine``) as one short string: the CPU, its
+    cores and, where recorded, torch's vector capability and whether bf16 is native; "unrecorded"
+    for files written before benchmarks recorded it."""
+    if not machine:
+        return "unrecorded"
+    parts = [str(machine.get("cpu", "?")), f"{machine.get('cores', '?')} cores"]
+    if machine.get("torch_cpu_capability"):
+        parts.append(str(machine["torch_cpu_capability"]))
+    if "native_bf16" in machine:
+        parts.append("native bf16" if machine["native_bf16"] else "bf16 emulated")
+    return " ".join(parts[:1]) + " (" + ", ".join(parts[1:]) + ")"
+
+
+def provenance_line(results: dict[str, list[dict]], field: str, what: str, plural: str) -> str:
+    """How many of the pooled runs came from each value of ``field`` (their commit or their
+    machine): runs of different code may differ in more than their seeds, and runs of different
+    machines in the pipeline's off-policy lags (which policy made what depends on timing); the
+    reader should know."""
     counts: dict[str, int] = {}
     for runs in results.values():
         for run in runs:
-            counts[run["commit"]] = counts.get(run["commit"], 0) + 1
+            counts[run[field]] = counts.get(run[field], 0) + 1
     text = ", ".join(f"{c} ({n} runs)" for c, n in counts.items())
-    return f"code: {text}" + ("; runs of different commits pooled" if len(counts) > 1 else "")
+    return f"{what}: {text}" + (f"; runs of different {plural} pooled" if len(counts) > 1 else "")
+
+
+def commits_line(results: dict[str, list[dict]]) -> str:
+    """Which code made the pooled runs (``provenance_line``)."""
+    return provenance_line(results, "commit", "code", "commits")
+
+
+def machines_line(results: dict[str, list[dict]]) -> str:
+    """Which machines made the pooled runs (``provenance_line``)."""
+    return provenance_line(results, "machine", "machine", "machines")
 
 
 # --tuning: the tuning rule by the command. A strategy's settings compare only when tuned on the same

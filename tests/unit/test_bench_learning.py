@@ -285,9 +285,10 @@ def untrained_runs(monkeypatch, key=lambda name, seed: name) -> dict:
     return launched
 
 
-def stored(path, first_seed, curves: dict[str, list[list[float]]], code=None, **args):
+def stored(path, first_seed, curves: dict[str, list[list[float]]], code=None, machine=None, **args):
     """A file as `prl bench learning --json` writes it, for runs with these accuracy curves
-    (``code``: the commit it records; files from before benchmarks recorded one have none)."""
+    (``code``, ``machine``: the commit and machine it records; files from before benchmarks
+    recorded them have none)."""
     def run(accs):
         return {"curve": [[512 * i, a] for i, a in enumerate(accs)], "start": accs[0], "signal_share": 0.5,
                 "zero_signal_rollouts": 0, "retest_share": 0.0, "never_dispatched_share": 0.0, "steps": 10,
@@ -296,7 +297,8 @@ def stored(path, first_seed, curves: dict[str, list[list[float]]], code=None, **
     settings = {"mode": "default", "task": "chain_sum", "budget": None, "eval_every": 500, "heldout": 200, "pool": None,
                 "lr": [], "set": [], "first_seed": first_seed, **args}
     runs = {k: [run(c) for c in v] for k, v in curves.items()}
-    path.write_text(json.dumps({"args": settings, "runs": runs, **({"code": code} if code else {})}))
+    path.write_text(json.dumps({"args": settings, "runs": runs, **({"code": code} if code else {}),
+                                **({"machine": machine} if machine else {})}))
     return str(path)
 
 
@@ -363,6 +365,32 @@ def test_pooled_runs_name_the_commits_that_made_them(tmp_path, capsys):
     assert main(["--from-json", a, b, c, "--png", str(tmp_path / "c.png")]) == 0
     assert ("code: aaaaaaa (1 runs), bbbbbbb+ (1 runs), unrecorded (1 runs); runs of different commits pooled"
             in capsys.readouterr().out)
+
+
+def test_pooled_runs_name_the_machines_that_made_them_and_keep_them_when_pooled_again(tmp_path, capsys):
+    """Wall times and the pipeline's off-policy lags depend on the machine, so the pooled table
+    says which machines its runs (and the reference's) came from; a file written by pooling keeps
+    each run's own machine and commit, not the pooling machine's."""
+    zen = {"cpu": "AMD EPYC", "cores": 2, "torch_cpu_capability": "AVX512", "native_bf16": True}
+    avx2 = {"cpu": "AMD EPYC", "cores": 2, "torch_cpu_capability": "AVX2", "native_bf16": False}
+    builtin = {"task": None, "eval_every": 512}  # what a pooled file's own arguments say, so it pools again
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]}, code={"commit": "a" * 40, "dirty": False}, machine=zen,
+               **builtin)
+    b = stored(tmp_path / "b.json", 1, {"uniform": [[0.1, 0.3]]}, machine=avx2, **builtin)
+    c = stored(tmp_path / "c.json", 2, {"uniform": [[0.1, 0.3]]}, **builtin)
+    ref = stored(tmp_path / "r.json", 0, {"uniform": [[0.1, 0.4]]}, machine=zen, pool="[20,100,0,0]", **builtin)
+    pooled = tmp_path / "pooled.json"
+    assert main(["--from-json", a, b, c, "--reference", ref, "--png", str(tmp_path / "c.png"), "--json", str(pooled)]) == 0
+    printed = capsys.readouterr().out
+    assert ("machine: AMD EPYC (2 cores, AVX512, native bf16) (1 runs), AMD EPYC (2 cores, AVX2, bf16 emulated) (1 runs), "
+            "unrecorded (1 runs); runs of different machines pooled") in printed
+    assert "reference runs' machine: AMD EPYC (2 cores, AVX512, native bf16) (1 runs)\n" in printed
+    d = stored(tmp_path / "d.json", 3, {"uniform": [[0.1, 0.3]]}, machine=zen, **builtin)
+    assert main(["--from-json", str(pooled), d, "--png", str(tmp_path / "c.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "machine: AMD EPYC (2 cores, AVX512, native bf16) (2 runs), AMD EPYC (2 cores, AVX2, bf16 emulated) (1 runs), " \
+           "unrecorded (1 runs);" in printed
+    assert "code: aaaaaaa (1 runs), unrecorded (3 runs);" in printed
 
 
 def test_a_training_flag_beside_from_json_fails_with_one_line(tmp_path, capsys):
