@@ -395,6 +395,7 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
 
 TRAINING_FLAGS = ("mode", "task", "seeds", "first_seed", "budget", "eval_every", "heldout", "pool", "lr",
                   "set", "jobs", "picks")  # what --from-json cannot apply: the stored runs were trained with their own
+SEED_FLAGS = ("seeds", "first_seed")  # ... but for these two, which choose the stored seeds it pools
 
 
 def pooled_curves_path() -> str:
@@ -410,9 +411,11 @@ def curves_path(task: str | None, mode: str = "default") -> str:
     return "docs/bench-learning-curves.png" if MODES[mode][2] == BUILTIN_POOL else f"docs/bench-learning-{mode}-curves.png"
 
 
-def stored_runs_only(ap, args, flag: str, allowed: str) -> None:
-    """Exit with one line if a flag that only a training run can use came with ``flag``."""
-    given = [f"--{k.replace('_', '-')}" for k in TRAINING_FLAGS if getattr(args, k) != ap.get_default(k)]
+def stored_runs_only(ap, args, flag: str, allowed: str, but: tuple[str, ...] = ()) -> None:
+    """Exit with one line if a flag that only a training run can use (any of TRAINING_FLAGS but
+    ``but``) came with ``flag``."""
+    given = [f"--{k.replace('_', '-')}" for k in TRAINING_FLAGS
+             if k not in but and getattr(args, k) != ap.get_default(k)]
     if given:
         ap.error(f"{flag} trains nothing, so {' '.join(given)} cannot apply: the stored runs keep the "
                  f"settings they were trained with (only {allowed} do)")
@@ -464,9 +467,10 @@ def main(argv=None) -> int:
                     f"2 cores, 28 with --jobs 1); long: 8 seeds, 24k; large-pool: 5 seeds, 12k rollouts, the task's own "
                     f"pool {TASK_POOL} (visited about once), uniform, DAPO and the full methods (15 seeds took 17 min with --jobs 2)")
     ap.add_argument("--task", help="a reasoning-gym task for the real model (e.g. chain_sum); default: the built-in task")
-    ap.add_argument("--seeds", type=count, help="override the mode's seed count")
+    ap.add_argument("--seeds", type=count, help="override the mode's seed count (with --from-json: pool only the stored "
+                    "runs of seeds first-seed .. first-seed + seeds - 1)")
     ap.add_argument("--first-seed", type=natural, default=0, help="seeds first-seed .. first-seed + seeds - 1 (other seeds "
-                    "than the reported ones, to tune a setting on)")
+                    "than the reported ones, to tune a setting on; with --from-json, the first seed pooled)")
     ap.add_argument("--budget", type=count, help="rollouts generated per run (override the mode's)")
     ap.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), help="default: every one but the pooled-prior "
                     "and likelihood-group ones on the built-in task (large-pool mode: uniform, dapo_filter, full and "
@@ -515,10 +519,13 @@ def main(argv=None) -> int:
     if args.tuning:
         return tuning_picks(ap, args)
     if args.from_json:
-        stored_runs_only(ap, args, "--from-json", "--strategies, --smooth, --targets, --png and --json")
+        stored_runs_only(ap, args, "--from-json", "--strategies, --first-seed, --seeds, --smooth, --targets, --png "
+                         "and --json", but=SEED_FLAGS)
+        seeds = None if args.seeds is None and not args.first_seed else range(
+            args.first_seed, args.first_seed + args.seeds if args.seeds else sys.maxsize)
         try:
-            results, stored, rates = pooled_runs(args.from_json, args.smooth, args.strategies)
-            reference = pooled_runs(args.reference, args.smooth, flag="--reference") if args.reference else None
+            results, stored, rates = pooled_runs(args.from_json, args.smooth, args.strategies, seeds=seeds)
+            reference = pooled_runs(args.reference, args.smooth, flag="--reference", seeds=seeds) if args.reference else None
         except ValueError as exc:
             ap.error(str(exc))
         task = stored.get("task")

@@ -24,12 +24,13 @@ def file_strategies(item: str) -> tuple[str, list[str] | None]:
     return (path, picked) if path and all(name in STRATEGIES for name in picked) else (item, None)
 
 
-def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None,
-                flag: str = "--from-json") -> tuple[dict[str, list[dict]], dict, dict[str, float]]:
+def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None, flag: str = "--from-json",
+                seeds: range | None = None) -> tuple[dict[str, list[dict]], dict, dict[str, float]]:
     """The runs stored by earlier ``--json`` invocations as one set (strategies in the
     benchmark's order, or ``only``'s; each seed of a strategy once, each run with its file's commit),
     smoothed with ``smooth``; the first file's arguments; and each pooled strategy's learning
-    rate. ``only``: pool these strategies' runs and skip the others. Raises ValueError, naming
+    rate. ``only``: pool these strategies' runs and skip the others; ``seeds``: these seeds'
+    runs alone (to set a new run of some seeds against the same seeds of stored ones). Raises ValueError, naming
     the file, for a file that is not this benchmark's, a setting, a strategy's learning rate,
     steps per batch or --set items that differ between files, or a seed stored twice. Strategies
     may differ from each other in all three (each is reported with its own). ``flag``: the option
@@ -79,6 +80,8 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None,
                                          "same settings pool")
                 for i, run in enumerate(stored_runs):
                     seed = run.get("seed", stored["first_seed"] + i)  # runs are stored seed-major from first_seed
+                    if seeds is not None and seed not in seeds:
+                        continue
                     if (name, seed) in seen:
                         raise ValueError(f"{name} seed {seed} is also in an earlier file")
                     seen.add((name, seed))

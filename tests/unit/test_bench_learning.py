@@ -396,11 +396,28 @@ def test_pooled_runs_name_the_machines_that_made_them_and_keep_them_when_pooled_
 def test_a_training_flag_beside_from_json_fails_with_one_line(tmp_path, capsys):
     a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]]})
     with pytest.raises(SystemExit) as exit_:
-        main(["--from-json", a, "--seeds", "3", "--set", "learner.lr=1e-4", "--jobs", str(cores() + 1)])
+        main(["--from-json", a, "--budget", "3000", "--set", "learner.lr=1e-4", "--jobs", str(cores() + 1)])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "--from-json trains nothing, so --seeds --set --jobs cannot apply" in err
+    assert "--from-json trains nothing, so --budget --set --jobs cannot apply" in err
     assert "Traceback" not in err
+
+
+def test_from_json_with_seeds_pools_those_seeds_alone_in_the_runs_and_the_reference(tmp_path, capsys):
+    """--first-seed and --seeds choose which stored seeds pool, so a new run of seeds 0-4 can be
+    set beside the same five seeds of a stored thirty."""
+    a = stored(tmp_path / "a.json", 0, {"uniform": [[0.1, 0.2]] * 3, "priority_flat": [[0.1, 0.4]] * 3})
+    b = stored(tmp_path / "b.json", 3, {"uniform": [[0.1, 0.2]] * 2, "priority_flat": [[0.1, 0.4]] * 2})
+    ref = stored(tmp_path / "r.json", 0, {"uniform": [[0.1, 0.4]] * 5}, pool="[20,100,0,0]")
+    out = tmp_path / "pooled.json"
+    assert main(["--from-json", a, b, "--reference", ref, "--first-seed", "2", "--seeds", "2",
+                 "--png", str(tmp_path / "c.png"), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "seeds per strategy: uniform 2, priority_flat 2" in printed
+    assert "seeds per strategy: uniform 2;" in printed  # the reference's
+    assert [r["seed"] for r in json.loads(out.read_text())["runs"]["uniform"]] == [2, 3]
+    assert main(["--from-json", a, b, "--first-seed", "4", "--png", str(tmp_path / "c.png")]) == 0
+    assert "seeds per strategy: uniform 1, priority_flat 1" in capsys.readouterr().out
 
 
 def test_benchmark_json_records_the_commit_it_ran_from(tmp_path):
