@@ -42,17 +42,21 @@ def topic_configs(spec, max_message_bytes: int) -> dict[str, str]:
 
 class KafkaPublisher(Publisher):
     def __init__(self, cfg):
+        self._cfg = cfg
+        self._producer = self._new_producer()
+        self._pending = []
+
+    def _new_producer(self):
         from kafka import KafkaProducer
 
-        self._producer = KafkaProducer(
-            **client_settings(cfg),
+        return KafkaProducer(
+            **client_settings(self._cfg),
             acks="all",
             enable_idempotence=True,
-            compression_type=None if cfg.compression == "none" else cfg.compression,
-            max_request_size=cfg.max_message_bytes,
+            compression_type=None if self._cfg.compression == "none" else self._cfg.compression,
+            max_request_size=self._cfg.max_message_bytes,
             linger_ms=5,
         )
-        self._pending = []
 
     def publish(self, topic, value, *, key=None, headers=()):
         from kafka.errors import KafkaError
@@ -60,6 +64,7 @@ class KafkaPublisher(Publisher):
         try:
             self._pending.append(self._producer.send(topic, value=value, key=key, headers=list(headers)))
         except KafkaError as exc:
+            self._renew_if_fatal()
             raise TransportError(f"send failed: {type(exc).__name__}: {exc}") from None
 
     def flush(self, timeout_s=30.0):
@@ -69,7 +74,26 @@ class KafkaPublisher(Publisher):
             for fut in pending:
                 fut.get(timeout=timeout_s)
         except Exception as exc:  # kafka-python raises many KafkaError subclasses
+            self._renew_if_fatal()
             raise TransportError(f"publish not acknowledged: {type(exc).__name__}: {exc}") from None
+
+    def _renew_if_fatal(self) -> None:
+        """Replace a producer that can no longer send. kafka-python's idempotent producer never
+        leaves a fatal error state: after a broker restart that lost its producer state, the
+        out-of-order sequence makes it bump its epoch, and a broker that answers that with an
+        error (tansu on restored storage did, CI 2026-12-01) leaves every later send failing.
+        A new producer starts with a new producer id; the caller retries the publish, and what
+        the old one may have written twice is absorbed where state lives (DESIGN.md)."""
+        manager = getattr(self._producer, "_transaction_manager", None)
+        if manager is None or not manager.has_fatal_error():
+            return
+        log.warning("producer_renewed", reason=f"{type(manager.last_error).__name__}: {manager.last_error}"[:300])
+        self._pending = []
+        try:
+            self._producer.close(timeout=0)
+        except Exception as exc:  # a broken producer may fail to close: it is dropped either way
+            log.warning("producer_close_failed", error=str(exc)[:200])
+        self._producer = self._new_producer()
 
     def close(self):
         try:
