@@ -271,10 +271,14 @@ def run_all(args, base: list[str], strategies: list[str], seeds: int, budget: in
     return {name: results[name] for name in strategies if name in results}
 
 
-def finished_runs(jobs: list[tuple], workers: int):
+def finished_runs(jobs: list[tuple], workers: int, run_json=None):
     """(job, summary) of each ``one_run(*job)`` as it finishes: in this process one after
-    another, or in ``workers`` spawned processes (torch's threads shared out between them;
-    summaries come back as JSON text)."""
+    another, or in ``workers`` spawned processes, a new one for each run (torch's threads shared
+    out between them; summaries come back as JSON text). A process serves one run so that what
+    a run leaves allocated goes with it: two workers that each kept theirs through three
+    real-model runs held 9.6 and 12.4 GB when the kernel killed one (2026-12-01, `--task
+    chain_sum`), and the benchmark lost every run still to come. ``run_json``: what each
+    worker calls with a job (``one_run_json``; a test's stand-in)."""
     if workers == 1:
         for job in jobs:
             yield job, one_run(*job)
@@ -285,9 +289,9 @@ def finished_runs(jobs: list[tuple], workers: int):
 
     threads = max(1, cores() // workers)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker,
-                               initargs=(threads, os.getpid()))
+                               initargs=(threads, os.getpid()), max_tasks_per_child=1)
     try:
-        futures = {pool.submit(one_run_json, *job): job for job in jobs}
+        futures = {pool.submit(run_json or one_run_json, *job): job for job in jobs}
         for future in as_completed(futures):
             yield futures[future], json.loads(future.result())
     finally:

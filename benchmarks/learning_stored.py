@@ -30,8 +30,8 @@ def pooled_runs(paths: list[str], smooth: int, only: list[str] | None = None, fl
     benchmark's order, or ``only``'s; each seed of a strategy once, each run with its file's commit),
     smoothed with ``smooth``; the first file's arguments; and each pooled strategy's learning
     rate. ``only``: pool these strategies' runs and skip the others; ``seeds``: these seeds'
-    runs alone (to set a new run of some seeds against the same seeds of stored ones). Raises ValueError, naming
-    the file, for a file that is not this benchmark's, a setting, a strategy's learning rate,
+    runs alone (to set a new run of some seeds against the same seeds of stored ones). Raises
+    ValueError, naming the file, for a file that is not this benchmark's, a setting, a strategy's learning rate,
     steps per batch or --set items that differ between files, or a seed stored twice. Strategies
     may differ from each other in all three (each is reported with its own). ``flag``: the option
     the paths came with, named in those errors."""

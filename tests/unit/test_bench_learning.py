@@ -494,6 +494,18 @@ def test_a_benchmark_records_the_tree_as_it_started_not_as_edited_while_it_ran(m
     assert json.loads(out.read_text())["code"] == {"commit": "a" * 40, "dirty": False}
 
 
+def test_each_run_in_parallel_gets_a_process_of_its_own():
+    """--jobs N runs each job in a new spawned process, so memory a run leaves allocated is
+    returned before the next run starts in its place (a real-model benchmark was killed for it)."""
+    from benchmarks.learning import finished_runs
+    from tests.support.worker_pid import pid_json
+
+    jobs = [("uniform", seed) for seed in range(3)]
+    done = [summary for _, summary in finished_runs(jobs, 2, run_json=pid_json)]
+    assert sorted(tuple(d["job"]) for d in done) == jobs
+    assert len({d["pid"] for d in done}) == 3 and os.getpid() not in {d["pid"] for d in done}
+
+
 @pytest.mark.slow
 def test_runs_in_parallel_processes_are_stored_as_sequential_ones_are(tmp_path):
     """--jobs 2 runs each seed in its own process: the stored runs are the same strategies and
