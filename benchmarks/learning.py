@@ -275,10 +275,10 @@ def finished_runs(jobs: list[tuple], workers: int, run_json=None):
     """(job, summary) of each ``one_run(*job)`` as it finishes: in this process one after
     another, or in ``workers`` spawned processes, a new one for each run (torch's threads shared
     out between them; summaries come back as JSON text). A process serves one run so that what
-    a run leaves allocated goes with it: two workers that each kept theirs through three
-    real-model runs held 9.6 and 12.4 GB when the kernel killed one (2026-12-01, `--task
-    chain_sum`), and the benchmark lost every run still to come. ``run_json``: what each
-    worker calls with a job (``one_run_json``; a test's stand-in)."""
+    a run leaves allocated goes with it: two reused workers held 9.6 and 12.4 GB when the kernel
+    killed one (2026-12-01, `--task chain_sum`, where one run alone holds about 9 GB), and the
+    benchmark lost every run still to come. ``run_json``: what each worker calls with a job
+    (``one_run_json``; a test's stand-in)."""
     if workers == 1:
         for job in jobs:
             yield job, one_run(*job)
