@@ -6,7 +6,7 @@ import argparse
 import math
 
 BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "likelihood", "real", "scale",
-              "staleness", "weights")
+              "staleness", "weights", "memory")
 
 
 def number_type(convert, ok, what: str):

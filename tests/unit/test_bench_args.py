@@ -19,6 +19,7 @@ from prl.cli import main
     (["staleness", "--publish", "stream"], "argument --publish: invalid choice: 'stream'"),
     (["replay", "--ratio", "1.5"], "argument --ratio: '1.5' is not a number from 0 to 1"),
     (["real", "--long-tokens", "-1"], "argument --long-tokens: '-1' is not a whole number >= 0"),
+    (["memory", "--prompts", "0"], "argument --prompts: '0' is not a whole number >= 1"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_wrong_benchmark_argument_is_one_line(capsys, argv, line):
     with pytest.raises(SystemExit) as exit_:
@@ -26,3 +27,17 @@ def test_a_wrong_benchmark_argument_is_one_line(capsys, argv, line):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"prl bench {argv[0]}: error: {line}" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_the_memory_benchmark_sets_both_ways_side_by_side_and_they_generate_the_same(tmp_path, capsys):
+    """`prl bench memory`: each way in its own process, the same completion and log-probs both
+    ways (the per-step log-probs change memory, not results), the figures in its --json."""
+    import json
+
+    assert main(["bench", "memory", "--prompts", "8", "--max-tokens", "4", "--sample", "--json", str(tmp_path / "m.json")]) == 0
+    out = capsys.readouterr().out
+    assert "per step (now)" in out and "stacked (before)" in out and "the same both ways: True" in out
+    stored = json.loads((tmp_path / "m.json").read_text())
+    assert stored["same_first_completion"] is True
+    assert all(stored[way]["peak_mb"] >= stored[way]["model_loaded_mb"] > 0 for way in ("per_step", "stacked"))

@@ -1,0 +1,100 @@
+"""`prl bench memory`: peak resident memory of one generate call of the transformers backend,
+its behaviour log-probs taken one decoding step at a time (what the backend does) against the
+whole [B, T, V] stack of logits at once (what it did), side by side from one run.
+
+Each way runs in a fresh process (peak resident memory is a process's high-water mark), on the
+same model, prompts and sampling; both load the model the same way, so the model's own size is
+reported apart. The default call is the shape of the real task's held-out evaluation: 200 chat
+prompts of reasoning-gym's chain_sum, one greedy completion of at most 24 tokens each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+from benchmarks.common import count, write_json
+
+
+def peak_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+def stacked_logprobs(step_logits: tuple, tokens, temperature: float):
+    """The former way, kept as the baseline: one [B, T, V] tensor of every step's logits, its
+    temperature-scaled copy and its log-softmax."""
+    import torch
+
+    logits = torch.stack(step_logits, dim=1).float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def one_way(way: str, model: str, prompts: list[str], chat: bool, max_tokens: int, greedy: bool) -> dict:
+    """Load the model, make one call, return the process's peak before and after it (MB)."""
+    import torch
+
+    import prl.generation as generation
+    from prl.generation import Request, TransformersBackend
+    from schemas import Sampling
+
+    torch.manual_seed(0)
+    if way == "stacked":
+        generation.chosen_logprobs = stacked_logprobs
+    backend = TransformersBackend.from_path(model)
+    requests = [Request(backend.encode(p, chat=chat), 1, Sampling(max_tokens=max_tokens)) for p in prompts]
+    loaded = peak_mb()
+    out = backend.generate(requests, greedy=greedy)
+    return {"model_loaded_mb": loaded, "peak_mb": peak_mb(), "call_mb": peak_mb() - loaded,
+            "completion_tokens": sum(len(c.token_ids) for (c,) in out),
+            "first": [out[0][0].token_ids, out[0][0].logprobs]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="prl bench memory", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="builtin:tiny-adder", help="a model directory (e.g. from `prl model import "
+                    "smollm2-135m-instruct DIR`) or builtin:tiny-adder")
+    ap.add_argument("--task", help="chat prompts from this reasoning-gym task (e.g. chain_sum; for instruct models) "
+                    "instead of built-in addition prompts")
+    ap.add_argument("--prompts", type=count, default=200, help="prompts in the call (the real task's held-out set: 200)")
+    ap.add_argument("--max-tokens", type=count, default=24)
+    ap.add_argument("--sample", action="store_true", help="sample at temperature 1 (a producer's call) instead of greedy")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args(argv)
+
+    if args.task:
+        from prl.tasks.reasoning_gym import make_rows
+
+        rows, _, _, _ = make_rows(args.task, args.prompts, 0, seed=0, settings={})
+        prompts = [json.dumps(r["prompt"]) for r in rows]
+    else:
+        import random
+
+        from prl.tasks import addition
+
+        rng = random.Random(0)
+        prompts = [addition.make_problem(rng.randint(10, 999), rng.randint(10, 999), 3).prompt for _ in range(args.prompts)]
+    results = {}
+    for way in ("per_step", "stacked"):  # a fresh process each: its peak is this way's alone
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results[way] = pool.submit(one_way, way, args.model, prompts, bool(args.task), args.max_tokens,
+                                       not args.sample).result()
+    same = results["per_step"].pop("first") == results["stacked"].pop("first")
+    print(f"one generate call, transformers backend, {args.model}: {len(prompts)} "
+          f"{'chat prompts (' + args.task + ')' if args.task else 'prompts'} x 1 {'sample' if args.sample else 'greedy'} "
+          f"completion of <= {args.max_tokens} tokens")
+    print(f"{'peak resident memory, MB':<32}{'per step (now)':>16}{'stacked (before)':>18}")
+    for key, label in (("model_loaded_mb", "after loading the model"), ("peak_mb", "after the call"),
+                       ("call_mb", "the call's own")):
+        print(f"{label:<32}{results['per_step'][key]:>16,.0f}{results['stacked'][key]:>18,.0f}")
+    print(f"first completion and its log-probs the same both ways: {same}")
+    write_json(args, **results, same_first_completion=same)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
