@@ -467,8 +467,8 @@ def tuning_picks(ap, args) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench learning", description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (about 13 min on "
-                    f"2 cores, 28 with --jobs 1); long: 8 seeds, 24k; large-pool: 5 seeds, 12k rollouts, the task's own "
+    ap.add_argument("--mode", choices=list(MODES), default="default", help="default: 5 seeds, 12k rollouts (16-22 min on "
+                    f"2 cores, two runs at once; benchmarks/RESULTS.md); long: 8 seeds, 24k; large-pool: 5 seeds, 12k rollouts, the task's own "
                     f"pool {TASK_POOL} (visited about once), uniform, DAPO and the full methods (15 seeds took 17 min with --jobs 2)")
     ap.add_argument("--task", help="a reasoning-gym task for the real model (e.g. chain_sum); default: the built-in task")
     ap.add_argument("--seeds", type=count, help="override the mode's seed count (with --from-json: pool only the stored "
@@ -498,8 +498,9 @@ def main(argv=None) -> int:
                     "bench-learning-pooled-curves.png, so pooling stored runs changes no file of the repository; with --tuning "
                     "no default: the settings tried, by area, drawn only where given)")
     ap.add_argument("--jobs", type=count, default=cores(), help="runs at once, each in its own process with its "
-                    "share of the cores (default: one per core; on 2 cores the default mode took 13-16 min with 2, 28 min "
-                    "with --jobs 1, one run after another in this process, benchmarks/RESULTS.md)")
+                    "share of the cores (default: one per core; on 2 cores the default mode took 16-22 min with 2 at 0c6f954 "
+                    "and 071139f, 28 min with --jobs 1 at a20db31, one run after another in this process; "
+                    "benchmarks/RESULTS.md)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--from-json", nargs="+", metavar="PATH", help="train nothing: pool the runs of earlier --json "
                     "files of the same settings (other seeds or strategies) into one table, goal lines and figure; "

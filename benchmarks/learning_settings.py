@@ -37,7 +37,7 @@ STRATEGIES = {
 BASELINE_SETS = ["uniform:scheduler.uniform_passes=true", "dapo_filter:scheduler.uniform_passes=true"]
 LIKELIHOOD = {"priority_likelihood", "full_likelihood"}  # groups from the starting policy's answer likelihoods
 LIKELIHOOD_BINS = 8
-# What the default mode runs (the strategies and controls; about 14 min on 2 cores, two
+# What the default mode runs (the strategies and controls; 16-22 min on 2 cores, two
 # runs at once): the pooled-prior ones only when named, with --strategies.
 DEFAULT_STRATEGIES = ["uniform", "dapo_filter", "priority_flat", "priority_group", "priority_shuffled", "replay_alone",
                       "naive_replay", "full"]
