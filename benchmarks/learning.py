@@ -117,7 +117,15 @@ def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str],
         summary = run_pipeline(cfg, progress=False, max_rollouts=budget - scored)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
         pool = pool_accuracy(cfg)
-    return {**summarize_run(rows, summary, scored, cfg.learner.grad_clip), "pool_end": pool}
+    return {**summarize_run(rows, summary, scored, cfg.learner.grad_clip), "pool_end": pool, "peak_rss_gb": peak_rss_gb()}
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, GB: a run's own in a worker process that
+    served it alone (``--jobs`` >= 2); with ``--jobs 1``, earlier runs of the benchmark included."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)  # kB on Linux
 
 
 def pool_accuracy(cfg) -> dict[str, float]:
@@ -392,6 +400,10 @@ def report(args, results: dict[str, list[dict]], budget: int, where: str, detail
     if clipped := [n for n, r in t.items() if r["grad_clip_share"] is not None]:
         print("gradient-norm clip: share of batches it rescaled (median norm before it): " + "; ".join(
             f"{n} {t[n]['grad_clip_share']:.2f} ({t[n]['grad_norm_median']:.2f})" for n in clipped))
+    if measured := {n: [r["peak_rss_gb"] for r in runs if "peak_rss_gb" in r] for n, runs in results.items()}:
+        if any(measured.values()):
+            print("peak resident memory of a run's process, GB (max over seeds; with --jobs 1 earlier runs included): "
+                  + "; ".join(f"{n} {max(v):.1f}" for n, v in measured.items() if v))
     curves_png(results, args.png, args.targets, f"prl bench learning: {where}", args.smooth, ref_runs)
     print(f"curves: {args.png}")
     write_json(args, table=t, runs=results)

@@ -974,3 +974,19 @@ def test_a_run_records_how_often_the_gradient_norm_clip_rescaled_its_batches(tmp
     (tmp_path / "a.json").write_text(json.dumps(data))
     assert main(["--from-json", path, "--smooth", "1", "--png", str(tmp_path / "c.png")]) == 0
     assert "gradient-norm clip: share of batches it rescaled (median norm before it): priority_flat 0.98 (1.49)" in capsys.readouterr().out
+
+
+def test_a_runs_peak_memory_is_recorded_and_printed_where_runs_have_it(tmp_path, capsys):
+    """Runs record their process's peak resident memory (a real-task run was killed for memory);
+    the table prints the largest per strategy, and nothing for stored runs from before it."""
+    from benchmarks.learning import peak_rss_gb
+
+    assert 0 < peak_rss_gb() < 1024
+    path = tmp_path / "a.json"
+    stored(path, 0, {"uniform": [[0.1, 0.2, 0.3]] * 2, "priority_flat": [[0.1, 0.4, 0.4]]})
+    data = json.loads(path.read_text())
+    data["runs"]["uniform"][0]["peak_rss_gb"], data["runs"]["uniform"][1]["peak_rss_gb"] = 7.25, 9.5  # seeds 0 and 1
+    path.write_text(json.dumps(data))
+    assert main(["--from-json", str(path), "--png", str(tmp_path / "c.png")]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("peak resident memory"))
+    assert line.endswith("uniform 9.5") and "priority_flat" not in line
