@@ -59,6 +59,22 @@ def write_json(args, **figures) -> None:
             json.dump({"args": vars(args), "code": code, "machine": machine(), **figures}, f, indent=2, default=str)
 
 
+def bench_prompts(task: str | None, n: int) -> list[str]:
+    """``n`` prompts for a generation benchmark: chat prompts (JSON) of a reasoning-gym ``task``
+    at its default settings, or built-in three-digit addition prompts; the same every run."""
+    if task:
+        from prl.tasks.reasoning_gym import make_rows
+
+        rows, _, _, _ = make_rows(task, n, 0, seed=0, settings={})
+        return [json.dumps(r["prompt"]) for r in rows]
+    import random
+
+    from prl.tasks import addition
+
+    rng = random.Random(0)
+    return [addition.make_problem(rng.randint(10, 999), rng.randint(10, 999), 3).prompt for _ in range(n)]
+
+
 def quiet_console() -> None:
     """Warnings and errors only on the console, no download or loading progress bars: the
     benchmark prints its own progress and figures."""

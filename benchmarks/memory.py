@@ -11,12 +11,11 @@ prompts of reasoning-gym's chain_sum, one greedy completion of at most 24 tokens
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from benchmarks.common import count, write_json
+from benchmarks.common import bench_prompts, count, write_json
 
 
 def peak_mb() -> float:
@@ -66,18 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
 
-    if args.task:
-        from prl.tasks.reasoning_gym import make_rows
-
-        rows, _, _, _ = make_rows(args.task, args.prompts, 0, seed=0, settings={})
-        prompts = [json.dumps(r["prompt"]) for r in rows]
-    else:
-        import random
-
-        from prl.tasks import addition
-
-        rng = random.Random(0)
-        prompts = [addition.make_problem(rng.randint(10, 999), rng.randint(10, 999), 3).prompt for _ in range(args.prompts)]
+    prompts = bench_prompts(args.task, args.prompts)
     results = {}
     for way in ("per_step", "stacked"):  # a fresh process each: its peak is this way's alone
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import time
 
-from benchmarks.common import count, write_json
+from benchmarks.common import bench_prompts, count, write_json
 
 
 def measure(backend, prompts, sampling, group_size, calls, chat: bool = False):
@@ -43,19 +42,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
     from prl.generation import TransformersBackend, VLLMBackend
-    from prl.tasks import addition
     from schemas import Sampling
 
-    if args.task:
-        import json
-
-        from prl.tasks.reasoning_gym import make_rows
-
-        rows, _, _, _ = make_rows(args.task, args.prompts, 0, seed=0, settings={})
-        prompts = [json.dumps(r["prompt"]) for r in rows]
-    else:
-        rng = random.Random(0)
-        prompts = [addition.make_problem(rng.randint(10, 999), rng.randint(10, 999), 3).prompt for _ in range(args.prompts)]
+    prompts = bench_prompts(args.task, args.prompts)
     chat = bool(args.task)
     sampling = Sampling(1.0, 1.0, args.max_tokens, [])
     t0 = time.perf_counter()
