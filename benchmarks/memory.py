@@ -4,8 +4,8 @@ whole [B, T, V] stack of logits at once (what it did), side by side from one run
 
 Each way runs in a fresh process (peak resident memory is a process's high-water mark), on the
 same model, prompts and sampling; both load the model the same way, so the model's own size is
-reported apart. The default call is the shape of the real task's held-out evaluation: 200 chat
-prompts of reasoning-gym's chain_sum, one greedy completion of at most 24 tokens each.
+reported apart. The default call, given ``--model DIR --task chain_sum``, is the shape of the real
+task's held-out evaluation: 200 chat prompts, one greedy completion of at most 24 tokens each.
 """
 
 from __future__ import annotations
