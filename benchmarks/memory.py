@@ -48,7 +48,8 @@ def one_way(way: str, model: str, prompts: list[str], chat: bool, max_tokens: in
     requests = [Request(backend.encode(p, chat=chat), 1, Sampling(max_tokens=max_tokens)) for p in prompts]
     loaded = peak_mb()
     out = backend.generate(requests, greedy=greedy)
-    return {"model_loaded_mb": loaded, "peak_mb": peak_mb(), "call_mb": peak_mb() - loaded,
+    peak = peak_mb()
+    return {"model_loaded_mb": loaded, "peak_mb": peak, "call_mb": peak - loaded,
             "completion_tokens": sum(len(c.token_ids) for (c,) in out),
             "first": [out[0][0].token_ids, out[0][0].logprobs]}
 

@@ -140,7 +140,7 @@ def chosen_logprobs(step_logits: tuple, tokens, temperature: float):
     """log p of each generated token at the sampling temperature, [B, T], from the unprocessed
     logits of every step ([B, V] each), one step at a time: a [B, T, V] stack of them, its
     temperature-scaled copy and its log-softmax made a 200-prompt held-out evaluation of
-    SmolLM2-135M peak 4.6 GB, the model being 0.6 of it (benchmarks/RESULTS.md)."""
+    SmolLM2-135M take 4.2 GB over the model, 2.5 this way (`prl bench memory`, benchmarks/RESULTS.md)."""
     import torch
 
     return torch.stack([torch.log_softmax(step.float() / temperature, -1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
