@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import count, write_json
-from learner.sources import write_batches
-from schemas import TrainBatch, TrainRollout
+from prl.learner.sources import write_batches
+from prl.schemas import TrainBatch, TrainRollout
 
 
 def synthetic_batches(n_batches: int, rollouts: int, prompt: int, completion: int, vocab: int = 16, seed: int = 0):

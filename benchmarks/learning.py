@@ -99,7 +99,7 @@ from benchmarks.learning_stored import (commits_line, machines_line, picks_text,
                                         tried_settings, tuning_png, tuning_strips)
 from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
 from prl.tasks import train_problems
-from schemas.config import load_config
+from prl.schemas.config import load_config
 
 
 def one_run(name: str, seed: int, budget: int, eval_every: int, base: list[str], extra: list[str] = ()) -> dict:
@@ -133,8 +133,8 @@ def pool_accuracy(cfg) -> dict[str, float]:
     difficulty, as the held-out set is scored. Beside the held-out figure it says how much of
     what a run learned is the pool itself: a pool the policy has learned caps every strategy's
     final held-out accuracy, however well it chose its problems."""
-    from learner.checkpoint import latest_uri
-    from learner.evaluate import encode_heldout, heldout_accuracy
+    from prl.learner.checkpoint import latest_uri
+    from prl.learner.evaluate import encode_heldout, heldout_accuracy
     from prl.generation import TransformersBackend
     from prl.rewards import load_reward
 
@@ -245,7 +245,7 @@ def real_task_base(task: str, pool: int) -> list[str]:
     pq.write_table(table.take(pool_rows(table.num_rows, pool)), train)
     cfg = load_config(CONFIG)
     return [f"model.path={json.dumps(model)}", "task.name='dataset'", f"task.train_path='{data.out_dir}/train.parquet'",
-            f"task.heldout_path='{data.out_dir}/test.parquet'", "producer.reward='producers.rewards:reasoning_gym'",
+            f"task.heldout_path='{data.out_dir}/test.parquet'", "producer.reward='prl.producers.rewards:reasoning_gym'",
             f"sampling.max_tokens={cfg.sampling.max_tokens}", f"learner.lr={cfg.learner.lr}", "learner.bf16_autocast=auto"]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from schemas.config import parse_override
+from prl.schemas.config import parse_override
 
 NO_REPLAY = "scheduler.replay.enabled=false"
 SCREEN = "scheduler.screen_size=2"

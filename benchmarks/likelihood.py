@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     from prl.rewards import load_reward
     from prl.tasks import train_problems
     from prl.tasks.likelihood import answer_logprobs, expected_success, quantile_bins
-    from schemas import Sampling
-    from schemas.config import load_config
+    from prl.schemas import Sampling
+    from prl.schemas.config import load_config
 
     if args.task:
         base = real_task_base(args.task, args.pool or REAL["pool"])

@@ -39,7 +39,7 @@ def one_way(way: str, model: str, prompts: list[str], chat: bool, max_tokens: in
 
     import prl.generation as generation
     from prl.generation import Request, TransformersBackend
-    from schemas import Sampling
+    from prl.schemas import Sampling
 
     torch.manual_seed(0)
     if way == "stacked":

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
     from prl.generation import TransformersBackend, VLLMBackend
-    from schemas import Sampling
+    from prl.schemas import Sampling
 
     prompts = bench_prompts(args.task, args.prompts)
     chat = bool(args.task)

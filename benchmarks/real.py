@@ -31,7 +31,7 @@ TRAIN, TEST = 2000, 200
 
 def heldout_at(model: str, heldout_path: str, max_tokens: int) -> float:
     """Greedy held-out accuracy of a model directory with a given completion budget."""
-    from learner.evaluate import encode_heldout, heldout_accuracy
+    from prl.learner.evaluate import encode_heldout, heldout_accuracy
     from prl.generation import TransformersBackend
     from prl.rewards import reasoning_gym
     from prl.tasks.datasets import load_problems
@@ -44,10 +44,10 @@ def heldout_at(model: str, heldout_path: str, max_tokens: int) -> float:
 
 def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: float, extra: list[str],
              long_tokens: int) -> dict:
-    from learner.checkpoint import latest_uri
+    from prl.learner.checkpoint import latest_uri
     from prl.cli.run import run_pipeline
     from prl.metrics import read_metrics
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = load_config(config, [

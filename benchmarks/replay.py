@@ -18,8 +18,8 @@ import numpy as np
 
 from benchmarks.common import count, fraction, natural, write_json
 from prl.formulas import rollout_age
-from scheduler.replay import ReplayBuffer
-from schemas import TrainRollout
+from prl.scheduler.replay import ReplayBuffer
+from prl.schemas import TrainRollout
 
 
 def make_rollouts(rng, n, version, counter):

@@ -49,9 +49,9 @@ class Templates:
     send them with producer.drop_zero_signal_completions."""
 
     def __init__(self, tokens: int, group_size: int, rewards_only: bool, seed: int = 0):
-        from producers.service import rewards_only as strip
+        from prl.producers.service import rewards_only as strip
         from prl.formulas import has_signal
-        from schemas import Rollout
+        from prl.schemas import Rollout
 
         rng = np.random.default_rng(seed)
         self.prompt = rng.integers(3, 16, 40, dtype=np.int32)
@@ -62,7 +62,7 @@ class Templates:
         self.weights = np.array([w for w, _ in REWARD_MIX])
 
     def group(self, d, version: int, producer_id: str, rng):
-        from schemas import RolloutGroup
+        from prl.schemas import RolloutGroup
 
         rollouts = self.by_mix[int(rng.choice(len(self.by_mix), p=self.weights))]
         return RolloutGroup(d.dispatch_id, d.problem_id, version, producer_id, self.prompt, d.sampling.temperature,
@@ -75,14 +75,14 @@ class PolicyFollower(threading.Thread):
 
     def __init__(self, transport, run: str):
         super().__init__(daemon=True, name="policy-follower")
-        from schemas.topics import POLICY, topic_name
+        from prl.schemas.topics import POLICY, topic_name
 
         self.sub = transport.subscriber([topic_name(run, POLICY)], group=None, from_beginning=True)
         self.version = 0
         self.stop = threading.Event()
 
     def run(self) -> None:
-        from schemas import PolicyVersion, decode
+        from prl.schemas import PolicyVersion, decode
 
         while not self.stop.is_set():
             for m in self.sub.poll(0.2):
@@ -97,7 +97,7 @@ class SimProducer(threading.Thread):
     def __init__(self, transport, run: str, name: str, templates: Templates, policy: PolicyFollower, per_call: int,
                  call_s: float, stats: dict):
         super().__init__(daemon=True, name=name)
-        from schemas.topics import PROBLEMS, ROLLOUTS, topic_name
+        from prl.schemas.topics import PROBLEMS, ROLLOUTS, topic_name
 
         self.sub = transport.subscriber([topic_name(run, PROBLEMS)], group=f"{run}.producers")
         self.pub = transport.publisher()
@@ -107,7 +107,7 @@ class SimProducer(threading.Thread):
         self.rng = np.random.default_rng(hash(name) % 2**32)
 
     def run(self) -> None:
-        from schemas import Dispatch, decode, encode, headers
+        from prl.schemas import Dispatch, decode, encode, headers
 
         while not self.stop.is_set():
             msgs = self.sub.poll(0.2, max_records=self.per_call)
@@ -155,9 +155,9 @@ def watch_dispatches(config: str, stop, latencies) -> None:
     producer (which ``latency`` in SimProducer includes). Its own process, so the simulated
     producers' threads do not delay what it sees."""
     from prl.transport.kafka import KafkaTransport
-    from schemas import Dispatch, decode
-    from schemas.config import load_config
-    from schemas.topics import PROBLEMS, topic_name
+    from prl.schemas import Dispatch, decode
+    from prl.schemas.config import load_config
+    from prl.schemas.topics import PROBLEMS, topic_name
 
     quiet()
     cfg, parent = load_config(config), os.getppid()
@@ -173,11 +173,11 @@ def acknowledge_batches(config: str, stop, counters, step_s: float = 0.0) -> Non
     """The learner that only acknowledges, in its own process: reads every batch (fetching
     claim-checked rollouts too), announces a version per batch, ``step_s`` after reading it
     (a training step's time); ``counters`` (shared, in LEARNER_COUNTERS order) add up what it read."""
-    from learner.sources import GroupCache, resolve_batch
+    from prl.learner.sources import GroupCache, resolve_batch
     from prl.transport.kafka import KafkaTransport
-    from schemas import PolicyVersion, decode, encode, headers
-    from schemas.config import load_config
-    from schemas.topics import BATCHES, POLICY, topic_name
+    from prl.schemas import PolicyVersion, decode, encode, headers
+    from prl.schemas.config import load_config
+    from prl.schemas.topics import BATCHES, POLICY, topic_name
 
     quiet()
     cfg, parent = load_config(config), os.getppid()
@@ -222,7 +222,7 @@ def run_producers(config: str, stop, totals, commands, queued, ready, tokens: in
     import queue as queue_module
 
     from prl.transport.kafka import KafkaTransport
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     quiet()
     cfg, parent = load_config(config), os.getppid()
@@ -336,7 +336,7 @@ MODES = ("copy", "claim_check", "copy+rewards_only", "claim_check+rewards_only")
 
 
 def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, mode: str) -> Path:
-    from prl.servers import write_kafka_config
+    from tests.support.servers import write_kafka_config
 
     return write_kafka_config(
         path, bootstrap, run, str(run_dir),
@@ -354,9 +354,9 @@ def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, mode
 
 
 def ramp(args, bootstrap: str, broker_pid: int | None, work: Path, mode: str) -> list[dict]:
-    from prl.servers import Process
+    from tests.support.servers import Process
     from prl.transport.kafka import KafkaTransport
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     run, run_dir = f"scale{int(time.time())}{mode.replace('+', '')}", work / mode
     config = write_config(work / f"{mode}.toml", bootstrap, run, run_dir, args, mode)
@@ -549,7 +549,7 @@ def raw_latency(bootstrap: str, fetch_max_wait_ms: int, messages: int = 300, int
 def probe_broker(config: str, stop, latencies) -> None:
     """The raw probe in its own process during the ramp: the broker's latency under the same
     load as the scheduler's dispatches."""
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     quiet()
     cfg, parent = load_config(config), os.getppid()
@@ -602,7 +602,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     quiet()
 
-    from prl.servers import KafkaBroker
+    from tests.support.servers import KafkaBroker
 
     with tempfile.TemporaryDirectory() as tmp:
         broker = None if args.bootstrap else KafkaBroker(log_path=Path(tmp) / "broker.log")

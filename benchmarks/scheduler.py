@@ -22,8 +22,8 @@ import numpy as np
 
 from benchmarks.common import count, natural, write_json
 from prl.formulas import bernoulli_variance, success_estimate
-from scheduler.priority import PrioritySampler
-from schemas.config import PriorityConfig
+from prl.scheduler.priority import PrioritySampler
+from prl.schemas.config import PriorityConfig
 
 
 class NaiveSortingSampler:

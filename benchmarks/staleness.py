@@ -58,7 +58,7 @@ class LengthProducer(threading.Thread):
 
     def __init__(self, transport, run: str, name: str, policy: PolicyFollower, args, publish: str):
         super().__init__(daemon=True, name=name)
-        from schemas.topics import PROBLEMS, ROLLOUTS, topic_name
+        from prl.schemas.topics import PROBLEMS, ROLLOUTS, topic_name
 
         self.sub = transport.subscriber([topic_name(run, PROBLEMS)], group=f"{run}.producers")
         self.pub = transport.publisher()
@@ -76,7 +76,7 @@ class LengthProducer(threading.Thread):
         return np.clip(np.rint(drawn), 1, self.args.max_tokens).astype(int)
 
     def group(self, d, version: int, lengths):
-        from schemas import Rollout, RolloutGroup
+        from prl.schemas import Rollout, RolloutGroup
 
         rewards = REWARD_MIX[int(self.rng.choice(len(REWARD_MIX), p=[w for w, _ in REWARD_MIX]))][1]
         rollouts = [Rollout(self.tokens[:n], self.logprobs[:n], r, "stop", "") for n, r in zip(lengths, rewards)]
@@ -85,7 +85,7 @@ class LengthProducer(threading.Thread):
 
     def run(self) -> None:
         from prl.formulas import has_signal
-        from schemas import Dispatch, decode, encode, headers
+        from prl.schemas import Dispatch, decode, encode, headers
 
         while not self.stop.is_set():
             msgs = self.sub.poll(0.2, max_records=self.args.per_call)
@@ -129,8 +129,8 @@ def length_histogram(lengths, max_tokens: int) -> np.ndarray:
 def trained_by_length(transport, run: str, since: float, until: float, max_tokens: int) -> np.ndarray:
     """The completion lengths of the fresh rollouts in the batches composed between ``since``
     and ``until`` (read back from the batch topic), as a histogram."""
-    from schemas import TrainBatch, decode
-    from schemas.topics import BATCHES, topic_name
+    from prl.schemas import TrainBatch, decode
+    from prl.schemas.topics import BATCHES, topic_name
 
     sub = transport.subscriber([topic_name(run, BATCHES)], group=None, from_beginning=True)
     counts, quiet_polls, deadline = np.zeros(LENGTH_BINS, dtype=np.int64), 0, time.monotonic() + 60
@@ -150,7 +150,7 @@ def generated(producers: list[LengthProducer]) -> dict:
 
 
 def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, tau_max: int) -> Path:
-    from prl.servers import write_kafka_config
+    from tests.support.servers import write_kafka_config
 
     return write_kafka_config(
         path, bootstrap, run, str(run_dir),
@@ -168,9 +168,9 @@ def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, tau_
 def measure(args, bootstrap: str, work: Path, publish: str, tau_max: int) -> dict:
     """One way of publishing at one tau_max: the pipeline started on fresh topics, settled,
     then measured for ``--seconds``."""
-    from prl.servers import Process
+    from tests.support.servers import Process
     from prl.transport.kafka import KafkaTransport
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     name = f"{publish}-tau{tau_max}"
     run, run_dir = f"stale{int(time.time())}{publish}{tau_max}", work / name
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     quiet()
 
-    from prl.servers import KafkaBroker
+    from tests.support.servers import KafkaBroker
 
     with tempfile.TemporaryDirectory() as tmp:
         broker = KafkaBroker(log_path=Path(tmp) / "broker.log")

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     from prl import logs
     from prl.cli.run import run_pipeline
     from prl.metrics import read_metrics
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     logs.configure("console", "warning")
     results = {}

@@ -31,7 +31,7 @@ from benchmarks.common import count, natural, positive, write_json
 
 # -- 1. Kafka path ---------------------------------------------------------------------------
 def rollout_groups(n: int, tokens: int, group_size: int, seed: int = 0):
-    from schemas import Rollout, RolloutGroup
+    from prl.schemas import Rollout, RolloutGroup
 
     rng = np.random.default_rng(seed)
     out = []
@@ -48,8 +48,8 @@ def bench_kafka(bootstrap: str, groups, max_bytes: int, repeats: int) -> dict:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     from prl.transport.kafka import KafkaTransport
-    from schemas import RolloutGroup, decode, encode, headers
-    from schemas.config import KafkaConfig
+    from prl.schemas import RolloutGroup, decode, encode, headers
+    from prl.schemas.config import KafkaConfig
 
     cfg = KafkaConfig(bootstrap_servers=bootstrap, max_message_bytes=max_bytes)
     transport = KafkaTransport(cfg)
@@ -116,7 +116,7 @@ def bench_kafka(bootstrap: str, groups, max_bytes: int, repeats: int) -> dict:
 def bench_checkpoint(params_m: float, repeats: int) -> dict:
     import torch
 
-    from learner import checkpoint
+    from prl.learner import checkpoint
     from prl import storage
     from prl.models import resolve_model_dir
 
@@ -185,7 +185,7 @@ class DelayedBackend:
 
 
 def pipeline_config(run_dir: str, steps: int):
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     return load_config(overrides=[
         f"run.run_dir={json.dumps(run_dir)}", f"learner.max_steps={steps}", "learner.eval_every=0",
@@ -197,11 +197,11 @@ def pipeline_config(run_dir: str, steps: int):
 
 
 def build(cfg, latency_s):
-    from learner.service import Learner
+    from prl.learner.service import Learner
     from prl.generation import make_backend
     from prl.transport.memory import MemoryBroker, MemoryTransport
-    from producers.service import Producer
-    from scheduler.service import Scheduler
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
 
     transport = MemoryTransport(MemoryBroker())
     transport.ensure_topics(cfg.run.name)
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
         bootstrap = args.bootstrap
         if bootstrap is None:
             sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's test helpers start tansu
-            from prl.servers import KafkaBroker
+            from tests.support.servers import KafkaBroker
 
             broker = KafkaBroker()
             bootstrap = broker.bootstrap

@@ -35,7 +35,7 @@ def timed(fn, repeats: int = 3) -> float:
 
 def object_storage_path(model_dir: str, run_dir: str, repeats: int) -> dict:
     """Seconds to write a version's weights, read + verify them, and load them."""
-    from learner.checkpoint import write_checkpoint
+    from prl.learner.checkpoint import write_checkpoint
     from prl.generation import TransformersBackend
     from prl.models import export_state, load_model, read_weights, resolve_model_dir
 
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from prl import logs
-    from prl.servers import S3Server
+    from tests.support.servers import S3Server
 
     logs.configure("console", "warning")
     results = {}

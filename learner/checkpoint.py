@@ -87,7 +87,7 @@ def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: d
     shard_name = optimizer_shard_name(rank, world)
     digest = storage.write_file(root(run_dir), name, shard_name, storage.safetensors_chunks(opt_tensors))
     if d is not None:
-        from learner.distributed import all_gather_strings
+        from prl.learner.distributed import all_gather_strings
 
         digests = all_gather_strings(digest, d)
     else:
@@ -105,7 +105,7 @@ def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: d
         uri = storage.write_versioned(root(run_dir), name, files, keep, meta={"step": step}, written=written,
                                       prune_in_background=True)  # the next step need not wait for deletions
     if d is not None:
-        from learner.distributed import barrier
+        from prl.learner.distributed import barrier
 
         barrier(d)
     return uri

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from prl.generation import Backend, Request
-from schemas import Sampling
+from prl.schemas import Sampling
 
 
 def encode_heldout(backend: Backend, problems, max_tokens: int) -> list[list[int]]:

@@ -21,10 +21,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from learner import checkpoint, distributed
-from learner.evaluate import encode_heldout, heldout_accuracy
-from learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
-from learner.train import annealed_lr, make_optimizer, set_lr, train_step
+from prl.learner import checkpoint, distributed
+from prl.learner.evaluate import encode_heldout, heldout_accuracy
+from prl.learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
+from prl.learner.train import annealed_lr, make_optimizer, set_lr, train_step
 from prl import storage
 from prl.formulas import rollout_age
 from prl.generation import TransformersBackend
@@ -32,8 +32,8 @@ from prl.models import bf16_autocast_on, export_state, load_model, load_state, l
 from prl.rewards import load_reward
 from prl.service import Service, ServiceStopped
 from prl.tasks import heldout_problems
-from schemas import DecodeError, PolicyVersion, TrainBatch, TrainBatchRefs, decode, encode
-from schemas.topics import BATCHES, POLICY, ROLLOUTS
+from prl.schemas import DecodeError, PolicyVersion, TrainBatch, TrainBatchRefs, decode, encode
+from prl.schemas.topics import BATCHES, POLICY, ROLLOUTS
 
 
 TRAINED_MEMORY = 20_000  # fresh rollout ids remembered (and checkpointed) to refuse a second training

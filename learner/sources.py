@@ -9,8 +9,8 @@ from collections import OrderedDict
 import fsspec
 import pyarrow as pa
 
-from schemas import RolloutGroup, TrainBatch, decode
-from schemas.records import encode_table, to_table
+from prl.schemas import RolloutGroup, TrainBatch, decode
+from prl.schemas.records import encode_table, to_table
 
 
 class TopicSource:
@@ -111,7 +111,7 @@ def resolve_batch(record, cache: GroupCache, rollouts_topic: str | None = None,
     more), each checked to be the rollout the reference names (its group's dispatch id, index
     and policy version). A reference that cannot be resolved raises DecodeError
     ``unresolvable_ref``."""
-    from schemas import DecodeError, TrainBatchRefs, TrainRollout
+    from prl.schemas import DecodeError, TrainBatchRefs, TrainRollout
 
     if not isinstance(record, TrainBatchRefs):
         return record, 0, 0

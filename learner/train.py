@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.grpo import grpo_loss
+from prl.learner.grpo import grpo_loss
 from prl.models import bf16_autocast_on, native_bf16
-from schemas import TrainRollout
+from prl.schemas import TrainRollout
 
 
 @dataclass

@@ -7,8 +7,8 @@ import time
 import structlog
 
 from prl.transport import Message, Publisher
-from schemas import DeadLetter, DecodeError, encode, headers, topic_name
-from schemas.topics import DEADLETTER
+from prl.schemas import DeadLetter, DecodeError, encode, headers, topic_name
+from prl.schemas.topics import DEADLETTER
 
 log = structlog.get_logger("deadletter")
 

@@ -19,7 +19,7 @@ def user_errors() -> tuple[type, ...]:
     from prl.tasks.reasoning_gym import DataError
     from prl.transport import TransportError
     from prl.trust import KeyMissing
-    from schemas.config import ConfigError
+    from prl.schemas.config import ConfigError
 
     return (UsageError, ConfigError, DatasetError, DataError, StorageError, TransportError, ImportFailed, KeyMissing,
             CheckpointRejected, ServiceStopped, FileNotFoundError, PermissionError, NotADirectoryError,

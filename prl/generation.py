@@ -14,7 +14,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from schemas import Sampling
+from prl.schemas import Sampling
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Reward functions, chosen by config as ``module:function(completion, answer) -> float``.
 
 Built in: ``prl.tasks.addition:exact_match`` (the built-in task),
-``producers.rewards:math_verify`` (free-form math answers, boxed or final-answer, checked for
-equivalence with math-verify) and ``producers.rewards:reasoning_gym`` (problems made by
+``prl.producers.rewards:math_verify`` (free-form math answers, boxed or final-answer, checked for
+equivalence with math-verify) and ``prl.producers.rewards:reasoning_gym`` (problems made by
 ``prl data reasoning-gym``, scored by the generator's own checker). A reward that raises, returns a non-number or runs past
 ``producer.reward_timeout_s`` counts as 0.0 and is counted; the producer goes on.
 """

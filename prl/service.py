@@ -17,7 +17,7 @@ from prl.deadletter import dead_letter
 from prl.metrics import MetricsSink
 from prl.transport import Message, Transport, TransportError
 from prl.trust import SIGNATURE_HEADER, KeyMissing, Signer
-from schemas import DecodeError, decode, encode, headers, topic_name
+from prl.schemas import DecodeError, decode, encode, headers, topic_name
 
 
 class ServiceStopped(RuntimeError):

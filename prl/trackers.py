@@ -49,7 +49,7 @@ class WandbTracker:
     def __init__(self, cfg, name: str):
         import wandb
 
-        from schemas.config import dump_toml
+        from prl.schemas.config import dump_toml
 
         mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         self.wandb = wandb

@@ -23,8 +23,8 @@ from prl.models import base_weight_shapes, check_checkpoint, checkpoint_whole, r
 from prl.service import Service
 from prl import storage
 from prl.trust import checkpoint_problem, checkpoint_root
-from schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup
-from schemas.topics import POLICY, PROBLEMS, ROLLOUTS
+from prl.schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup
+from prl.schemas.topics import POLICY, PROBLEMS, ROLLOUTS
 
 CATCH_UP_S = 30.0  # at start, read the policy topic to its end (at most this long) before generating
 

@@ -39,8 +39,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prl.storage import StorageError, replace_file
-from schemas import RolloutGroup
-from schemas.records import to_table
+from prl.schemas import RolloutGroup
+from prl.schemas.records import to_table
 
 EXTRA = [("accepted_at", pa.float64()), ("learner_version", pa.int64())]
 ARCHIVE_SCHEMA = pa.schema([f for f in RolloutGroup.SCHEMA if f.name != "policy_version"] + [pa.field(*e) for e in EXTRA])
@@ -132,6 +132,6 @@ def parquet_problem(fs, path: str) -> str | None:
 
 def groups_from_table(table: pa.Table) -> list[RolloutGroup]:
     """The archive's rows as RolloutGroups (the extra columns dropped)."""
-    from schemas.records import from_table
+    from prl.schemas.records import from_table
 
     return from_table(table, RolloutGroup)

@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from prl.formulas import group_advantages, has_signal, rollout_age
-from scheduler.replay import BANDS, ReplayBuffer, success_band
-from schemas import RolloutGroup, TrainBatch, TrainRollout
+from prl.scheduler.replay import BANDS, ReplayBuffer, success_band
+from prl.schemas import RolloutGroup, TrainBatch, TrainRollout
 
 
 def train_rollouts(group: RolloutGroup, advantage_std: bool = True) -> list[TrainRollout]:

@@ -62,7 +62,7 @@ import numpy as np
 
 from prl.formulas import (bernoulli_variance, decay_factor, exponential_clock, first_pass_clock, pass_at_k, periodic_clock, signal_probability,
                           success_estimate)
-from scheduler.snapshot import expect_state
+from prl.scheduler.snapshot import expect_state
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
 MIN_RATE = 1e-12  # a clock of rate 0 would never ring

@@ -22,7 +22,7 @@ import dataclasses
 import numpy as np
 
 from prl.formulas import gumbel_keys, replay_log_priority, rollout_age
-from schemas import TrainRollout
+from prl.schemas import TrainRollout
 
 BANDS = ("0-25%", "25-50%", "50-75%", "75-100%")
 

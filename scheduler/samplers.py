@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from prl.formulas import bernoulli_variance, success_estimate
-from scheduler.snapshot import expect_state
+from prl.scheduler.snapshot import expect_state
 
 
 class UniformSampler:
@@ -106,7 +106,7 @@ def make_sampler(cfg, groups, seed: int, group_start=None, group_size: int = 8):
     if cfg.strategy in ("uniform", "dapo_filter"):
         return UniformSampler(len(groups), seed, cfg.uniform_passes, cfg.uniform_drop_unsolved, group_size)
     if cfg.strategy == "success_variance":
-        from scheduler.priority import PrioritySampler
+        from prl.scheduler.priority import PrioritySampler
 
         return PrioritySampler(np.asarray(groups), cfg.priority, seed, group_start, group_size)
     raise ValueError(f"unknown scheduler.strategy {cfg.strategy!r}")

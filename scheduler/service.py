@@ -29,14 +29,14 @@ from prl.trust import checkpoint_problem
 from prl.tasks import train_problems
 from prl.tasks.likelihood import expected_success, read_groups
 from prl.formulas import has_signal
-from scheduler.batches import compose_batch
-from scheduler.replay import ReplayBuffer
-from scheduler.archive import RolloutArchive
-from scheduler.archive import root as archive_root
-from scheduler.samplers import make_sampler
-from scheduler.snapshot import read_snapshot, write_snapshot
-from schemas import Dispatch, PolicyVersion, RolloutGroup, RolloutRef, Sampling, TrainBatch, TrainBatchRefs
-from schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
+from prl.scheduler.batches import compose_batch
+from prl.scheduler.replay import ReplayBuffer
+from prl.scheduler.archive import RolloutArchive
+from prl.scheduler.archive import root as archive_root
+from prl.scheduler.samplers import make_sampler
+from prl.scheduler.snapshot import read_snapshot, write_snapshot
+from prl.schemas import Dispatch, PolicyVersion, RolloutGroup, RolloutRef, Sampling, TrainBatch, TrainBatchRefs
+from prl.schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 
 

@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 
 from prl import storage
-from schemas import RolloutGroup, TrainBatch, TrainRollout, decode, encode
-from schemas.config import ConfigError
-from schemas.records import decode_many, encode_table, from_table, record_row, to_table
+from prl.schemas import RolloutGroup, TrainBatch, TrainRollout, decode, encode
+from prl.schemas.config import ConfigError
+from prl.schemas.records import decode_many, encode_table, from_table, record_row, to_table
 
 
 def root(run_dir: str) -> str:

@@ -3,7 +3,7 @@
 Importable with pyarrow and pydantic alone (no torch, no vLLM).
 """
 
-from schemas.records import (
+from prl.schemas.records import (
     SCHEMA_VERSION,
     DeadLetter,
     DecodeError,
@@ -20,7 +20,7 @@ from schemas.records import (
     encode,
     headers,
 )
-from schemas.topics import TOPICS, topic_name
+from prl.schemas.topics import TOPICS, topic_name
 
 __all__ = [
     "SCHEMA_VERSION",

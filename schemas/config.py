@@ -168,8 +168,8 @@ class SchedulerConfig(Section):
 class ProducerConfig(Section):
     producer_id: str = Field("producer-0", description="Name in rollouts and logs; pods use their hostname.")
     backend: Literal["auto", "transformers", "vllm"] = Field("auto", description="Generation engine; auto: vLLM when importable and a GPU is present, else transformers.")
-    reward: str = Field("prl.tasks.addition:exact_match", description="Reward function as module:function(completion, answer) -> float; built in: prl.tasks.addition:exact_match, producers.rewards:math_verify, producers.rewards:reasoning_gym.")
-    reward_modules: list[str] = Field(["prl.tasks.addition", "prl.rewards", "producers.rewards"], description="Modules producer.reward may name (a config names code to run: add your own reward's module here explicitly).")
+    reward: str = Field("prl.tasks.addition:exact_match", description="Reward function as module:function(completion, answer) -> float; built in: prl.tasks.addition:exact_match, prl.producers.rewards:math_verify, prl.producers.rewards:reasoning_gym.")
+    reward_modules: list[str] = Field(["prl.tasks.addition", "prl.rewards", "prl.producers.rewards"], description="Modules producer.reward may name (a config names code to run: add your own reward's module here explicitly).")
     reward_timeout_s: float = Field(5.0, gt=0, description="A reward call running longer counts as 0.0 (and is counted).")
     max_dispatches_per_call: int = Field(16, ge=1, description="Dispatches batched into one generation call.")
     linger_ms: int = Field(50, ge=0, description="After the first dispatch arrives, wait up to this long for more to fill the generation call.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas import records
+from prl.schemas import records
 
 PROBLEMS, ROLLOUTS, BATCHES, POLICY, DEADLETTER = "problems", "rollouts", "batches", "policy", "deadletter"
 

@@ -2,7 +2,7 @@ import uuid
 
 import pytest
 
-from prl.servers import KafkaBroker
+from tests.support.servers import KafkaBroker
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ COMMAND_MODULES = {"run": "run", "scheduler": "services", "producer": "services"
 def load(args):
     """The validated config of a command's --config and --set (and its own overrides);
     on a bad field, one line naming it and exit code 2."""
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     overrides = list(args.overrides)
     if getattr(args, "log_format", None):
@@ -77,10 +77,11 @@ def reader_left() -> bool:
 
 def dispatch(args) -> int:
     if args.command == "bench":
+        benchmark = benchmark_module(args.name)
         from benchmarks.common import code_version
 
         code_version()  # the tree as the benchmark starts (cached): edits made while it runs are not its code
-        return importlib.import_module(f"benchmarks.{args.name}").main(args.args)
+        return benchmark.main(args.args)
     if args.command in ("model", "data"):
         from prl.cli import prepare
 
@@ -88,11 +89,27 @@ def dispatch(args) -> int:
     cfg = load(args)
     configure_logs(args, cfg)
     if args.command == "config":
-        from schemas.config import dump_toml
+        from prl.schemas.config import dump_toml
 
         print(dump_toml(cfg))
         return 0
     return importlib.import_module(f"prl.cli.{COMMAND_MODULES[args.command]}").command(args, cfg)
+
+
+def benchmark_module(name: str):
+    """benchmarks/<name>.py of the source checkout: the benchmarks are not installed with the
+    product, so `prl bench` runs from a clone (installed with `pip install -e .`)."""
+    from pathlib import Path
+
+    from prl.errors import UsageError
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "benchmarks" / "__init__.py").is_file():
+        raise UsageError("the benchmarks live in the source checkout, not in the installed package: "
+                         "git clone the repository, pip install -e . in it, and run prl bench there")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def replay_train_dir(args, cfg) -> str | None:

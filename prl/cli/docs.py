@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from schemas.config import Config
+from prl.schemas.config import Config
 
 
 def rows(model: type[BaseModel], prefix: str = ""):

@@ -19,7 +19,7 @@ def command(args, cfg) -> int:
 
 
 def explain(cfg, problem_id: str) -> str:
-    from scheduler.snapshot import read_snapshot
+    from prl.scheduler.snapshot import read_snapshot
     from prl.tasks import train_problems
 
     snap = read_snapshot(cfg.run.run_dir)  # a wrong --run-dir first: it is the likelier mistake
@@ -48,8 +48,8 @@ def why_uniform(s, i: int, strategy: str) -> list[str]:
 
 
 def restore_sampler(cfg, problems, state: dict):
-    from scheduler.samplers import make_sampler
-    from scheduler.service import problem_groups
+    from prl.scheduler.samplers import make_sampler
+    from prl.scheduler.service import problem_groups
 
     names, labels, start = problem_groups(cfg, problems)
     sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start, cfg.sampling.group_size)
@@ -139,8 +139,8 @@ def fates(ids: list[str], rewards, trained: set, in_buffer: dict, version: int, 
 
 
 def archived(cfg, problem_id: str) -> list[tuple]:
-    from scheduler.archive import groups_from_table, read_archive
-    from scheduler.archive import root as archive_root
+    from prl.scheduler.archive import groups_from_table, read_archive
+    from prl.scheduler.archive import root as archive_root
 
     try:
         table = read_archive(archive_root(cfg.run.run_dir))
@@ -152,8 +152,8 @@ def archived(cfg, problem_id: str) -> list[tuple]:
 
 def trained_ids(cfg) -> set[str]:
     """Fresh rollouts the learner's last checkpoint remembers training."""
-    from learner.checkpoint import read_state
-    from learner.checkpoint import latest_uri
+    from prl.learner.checkpoint import read_state
+    from prl.learner.checkpoint import latest_uri
 
     uri = latest_uri(cfg.run.run_dir)
     return set(read_state(uri).get("trained_rollouts", [])) if uri else set()

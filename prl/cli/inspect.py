@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from prl.errors import UsageError
-from schemas import DecodeError, decode
-from schemas.topics import TOPICS, topic_name
+from prl.schemas import DecodeError, decode
+from prl.schemas.topics import TOPICS, topic_name
 
 HIGHWATER = "fetch high watermark"
 

@@ -27,7 +27,7 @@ def import_model(args) -> int:
 
 def make_data(args) -> int:
     from prl.tasks.reasoning_gym import SYSTEM_PROMPT, write_dataset
-    from schemas.config import parse_override
+    from prl.schemas.config import parse_override
 
     settings = {}
     for item in args.settings:
@@ -40,7 +40,7 @@ def make_data(args) -> int:
     print("groups (difficulty): " + ", ".join(f"{g} x{n}" for g, n in sorted(s.groups.items())))
     heldout = f"--set task.heldout_path='{s.out_dir}/test.parquet' " if s.test else ""  # none: a run without evaluation
     print(f"train on it with: --set task.name='dataset' --set task.train_path='{s.out_dir}/train.parquet' "
-          f"{heldout}--set producer.reward='producers.rewards:reasoning_gym'")
+          f"{heldout}--set producer.reward='prl.producers.rewards:reasoning_gym'")
     return 0
 
 

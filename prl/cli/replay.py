@@ -20,9 +20,9 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from prl.formulas import bernoulli_variance, has_signal
-from scheduler.archive import groups_from_table, read_archive
-from schemas import RolloutGroup, TrainBatch
-from schemas.config import SchedulerConfig
+from prl.scheduler.archive import groups_from_table, read_archive
+from prl.schemas import RolloutGroup, TrainBatch
+from prl.schemas.config import SchedulerConfig
 
 STRATEGIES = ("uniform", "dapo_filter", "success_variance")
 
@@ -139,7 +139,7 @@ def whatif(uri: str, out_dir: str | None, strategies=STRATEGIES, rounds: int | N
 def simulate(strategy: str, outcomes: dict[str, list[list[float]]], rounds: int, per_round: int, seed: int, bar) -> dict:
     """One strategy's choices over the archived outcomes: what it generated, trained, and
     spent on groups without a signal."""
-    from scheduler.samplers import make_sampler
+    from prl.scheduler.samplers import make_sampler
 
     problems = sorted(outcomes)
     index_of_group = {d: i for i, d in enumerate(sorted({difficulty(p) for p in problems}))}
@@ -189,7 +189,7 @@ def to_batches(groups: list[RolloutGroup], scheduler: SchedulerConfig) -> list[T
     and are left out."""
     import dataclasses
 
-    from scheduler.batches import compose_batch
+    from prl.scheduler.batches import compose_batch
 
     batches, pending, seq, generated = [], [g for g in groups if g.has_completions], 0, 0
     while pending:
@@ -208,8 +208,8 @@ def to_batches(groups: list[RolloutGroup], scheduler: SchedulerConfig) -> list[T
 
 def publish(cfg, transport, uri: str, rate: float, progress: bool = True) -> int:
     """Archived groups as batches on ``<run>.batches``, at most ``rate`` batches per second."""
-    from schemas import encode, headers
-    from schemas.topics import BATCHES, topic_name
+    from prl.schemas import encode, headers
+    from prl.schemas.topics import BATCHES, topic_name
 
     batches = to_batches(load_groups(uri), cfg.scheduler)
     transport.ensure_topics(cfg.run.name)
@@ -230,9 +230,9 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
     """The learner offline on the archive, from the base model, into ``out_dir`` (a new run
     directory: one that already holds checkpoints is refused, so a live run is never touched).
     Batches are written to a file and consumed from it; every one is trained."""
-    from learner.checkpoint import list_checkpoints
-    from learner.service import Learner
-    from learner.sources import write_batches
+    from prl.learner.checkpoint import list_checkpoints
+    from prl.learner.service import Learner
+    from prl.learner.sources import write_batches
     from prl.errors import UsageError
     from prl.transport.memory import MemoryTransport
 
@@ -257,7 +257,7 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
 
 def command(args, cfg) -> int:
     """`prl replay report|whatif|publish|train` on an archive (default <run_dir>/archive)."""
-    from scheduler.archive import root as archive_root
+    from prl.scheduler.archive import root as archive_root
 
     uri = args.archive or archive_root(cfg.run.run_dir)
     progress = not args.no_progress

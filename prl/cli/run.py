@@ -104,7 +104,7 @@ def run_log(run_dir: str) -> str | None:
 def checkpoint_step(run_dir: str) -> int | None:
     """The step of the run directory's latest checkpoint (None: none, or one the learner will
     have to judge)."""
-    from learner.checkpoint import latest_uri, read_state
+    from prl.learner.checkpoint import latest_uri, read_state
     from prl.storage import StorageError
 
     try:
@@ -129,9 +129,9 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     (training stops one step and one evaluation before the limit); then stop the scheduler
     and producer and evaluate once more. ``stop`` ends it after the current step, with a
     checkpoint of that step and no final evaluation. Return start/end accuracy."""
-    from learner.service import Learner
-    from producers.service import Producer
-    from scheduler.service import Scheduler
+    from prl.learner.service import Learner
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
 
     transport = MemoryTransport(MemoryBroker())
     transport.ensure_topics(cfg.run.name)

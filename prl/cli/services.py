@@ -34,13 +34,13 @@ def command(args, cfg) -> int:
 
 def service_class(name: str):
     if name == "scheduler":
-        from scheduler.service import Scheduler
+        from prl.scheduler.service import Scheduler
 
         return Scheduler
     if name == "producer":
-        from producers.service import Producer
+        from prl.producers.service import Producer
 
         return Producer
-    from learner.service import Learner
+    from prl.learner.service import Learner
 
     return Learner

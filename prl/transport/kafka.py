@@ -14,7 +14,7 @@ import uuid
 import structlog
 
 from prl.transport.base import Message, Publisher, Reader, Subscriber, Transport, TransportError
-from schemas.topics import PROBLEMS, ROLLOUTS, TOPICS
+from prl.schemas.topics import PROBLEMS, ROLLOUTS, TOPICS
 
 log = structlog.get_logger("transport.kafka")
 UNASSIGNED_WARN_S = 60.0  # a group member without partitions this long is warned about

@@ -9,7 +9,7 @@ import time
 import zlib
 
 from prl.transport.base import Message, Publisher, Reader, Subscriber, Transport
-from schemas.topics import TOPICS
+from prl.schemas.topics import TOPICS
 
 
 class MemoryBroker:

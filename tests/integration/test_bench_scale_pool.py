@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks.scale import ProducerPool, drain, write_config
-from prl.servers import wait_until
+from tests.support.servers import wait_until
 from prl.transport.kafka import KafkaTransport
-from schemas import Dispatch, RolloutGroup, Sampling, decode, encode, headers
-from schemas.config import load_config
-from schemas.topics import PROBLEMS, ROLLOUTS, topic_name
+from prl.schemas import Dispatch, RolloutGroup, Sampling, decode, encode, headers
+from prl.schemas.config import load_config
+from prl.schemas.topics import PROBLEMS, ROLLOUTS, topic_name
 
 pytestmark = pytest.mark.kafka
 

@@ -8,8 +8,8 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from learner.sources import write_batches
-from schemas import TrainBatch
+from prl.learner.sources import write_batches
+from prl.schemas import TrainBatch
 from tests.unit.test_grpo import random_rollouts
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from prl.cli import main
-from prl.servers import free_port
+from tests.support.servers import free_port
 
 
 @pytest.mark.parametrize("command", [["producer"], ["inspect", "topics"], ["inspect", "tail", "rollouts"]],

@@ -20,14 +20,14 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from learner import checkpoint
+from prl.learner import checkpoint
 from prl.formulas import rollout_age
 from prl.transport.kafka import KafkaTransport
-from scheduler.snapshot import read_snapshot
-from schemas import DeadLetter, Dispatch, PolicyVersion, RolloutGroup, TrainBatch, TrainRollout, decode, encode, headers
-from schemas.config import KafkaConfig
-from schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS, topic_name
-from prl.servers import KafkaBroker, Process, S3Server, wait_until, write_kafka_config
+from prl.scheduler.snapshot import read_snapshot
+from prl.schemas import DeadLetter, Dispatch, PolicyVersion, RolloutGroup, TrainBatch, TrainRollout, decode, encode, headers
+from prl.schemas.config import KafkaConfig
+from prl.schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS, topic_name
+from tests.support.servers import KafkaBroker, Process, S3Server, wait_until, write_kafka_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -10,17 +10,17 @@ from collections import Counter
 
 import pytest
 
-from learner.service import Learner
-from producers.service import Producer
+from prl.learner.service import Learner
+from prl.producers.service import Producer
 from prl.transport.kafka import KafkaTransport
 from prl.transport.memory import MemoryBroker, MemoryTransport
-from scheduler.service import Scheduler
-from schemas import (DeadLetter, DecodeError, Dispatch, PolicyVersion, Rollout, RolloutGroup, Sampling, TrainBatch,
+from prl.scheduler.service import Scheduler
+from prl.schemas import (DeadLetter, DecodeError, Dispatch, PolicyVersion, Rollout, RolloutGroup, Sampling, TrainBatch,
                      TrainRollout, decode, encode, topic_name)
-from schemas.config import load_config
-from schemas.records import encode_table, to_table
-from schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS
-from prl.servers import wait_until
+from prl.schemas.config import load_config
+from prl.schemas.records import encode_table, to_table
+from prl.schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS
+from tests.support.servers import wait_until
 
 pytestmark = pytest.mark.slow
 PER_TOPIC = int(os.environ.get("PRL_FUZZ_PER_TOPIC", 10_000))

@@ -12,15 +12,15 @@ import time
 import pytest
 import torch
 
-from learner.service import Learner
-from producers.service import Producer
+from prl.learner.service import Learner
+from prl.producers.service import Producer
 from prl.models import export_state, load_model, resolve_model_dir
 from prl.transport.memory import MemoryBroker, MemoryTransport
-from scheduler.service import Scheduler
-from schemas import (DeadLetter, Dispatch, PolicyVersion, Rollout, RolloutGroup, Sampling, TrainBatch, TrainRollout,
+from prl.scheduler.service import Scheduler
+from prl.schemas import (DeadLetter, Dispatch, PolicyVersion, Rollout, RolloutGroup, Sampling, TrainBatch, TrainRollout,
                      decode, encode, headers, topic_name)
-from schemas.config import load_config
-from schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS
+from prl.schemas.config import load_config
+from prl.schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS
 
 
 def config(tmp_path, **extra):
@@ -110,7 +110,7 @@ def test_producer_dead_letters_a_poisoned_dispatch_and_serves_the_next(tmp_path,
 
 
 def checkpoint_of(cfg, version: int, model=None) -> str:
-    from learner.checkpoint import write_checkpoint
+    from prl.learner.checkpoint import write_checkpoint
 
     model = model or load_model(cfg.model.path)
     return write_checkpoint(cfg.run.run_dir, version, export_state(model), None, {"step": version},
@@ -197,7 +197,7 @@ def test_scheduler_follows_only_announcements_the_learner_can_have_made(tmp_path
     """A huge version or batch number, or a foreign checkpoint, is dead-lettered: the
     scheduler keeps its view of the learner, stays within max_batches_ahead, and its
     snapshot still reads back."""
-    from scheduler.snapshot import read_snapshot
+    from prl.scheduler.snapshot import read_snapshot
 
     run = Run(config(tmp_path))
     scheduler = Scheduler(run.cfg, run.transport)

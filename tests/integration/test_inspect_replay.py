@@ -8,14 +8,14 @@ import threading
 import fsspec
 import pytest
 
-from learner.service import Learner
+from prl.learner.service import Learner
 from prl.cli import inspect, replay
 from prl.transport.kafka import KafkaTransport
-from scheduler.archive import RolloutArchive, read_archive
-from schemas import encode
-from schemas.config import load_config
-from schemas.topics import ROLLOUTS, topic_name
-from prl.servers import S3Server, wait_until
+from prl.scheduler.archive import RolloutArchive, read_archive
+from prl.schemas import encode
+from prl.schemas.config import load_config
+from prl.schemas.topics import ROLLOUTS, topic_name
+from tests.support.servers import S3Server, wait_until
 from tests.support.groups import make_groups
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

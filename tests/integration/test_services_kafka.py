@@ -9,12 +9,12 @@ import time
 import fsspec
 import pytest
 
-from learner import checkpoint
+from prl.learner import checkpoint
 from prl.transport.kafka import KafkaTransport
-from schemas import RolloutGroup, decode
-from schemas.config import KafkaConfig
-from schemas.topics import ROLLOUTS, topic_name
-from prl.servers import Process, wait_until, write_kafka_config
+from prl.schemas import RolloutGroup, decode
+from prl.schemas.config import KafkaConfig
+from prl.schemas.topics import ROLLOUTS, topic_name
+from tests.support.servers import Process, wait_until, write_kafka_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

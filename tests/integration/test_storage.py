@@ -8,10 +8,10 @@ import fsspec
 import pytest
 import torch
 
-from learner import checkpoint
+from prl.learner import checkpoint
 from prl import storage
 from prl.models import export_state, load_model, load_state, resolve_model_dir
-from prl.servers import S3Server
+from tests.support.servers import S3Server
 
 
 @pytest.fixture(scope="module")

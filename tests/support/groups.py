@@ -2,7 +2,7 @@
 
 import random
 
-from schemas import Rollout, RolloutGroup
+from prl.schemas import Rollout, RolloutGroup
 
 
 def make_groups(n: int, seed: int = 0) -> list[RolloutGroup]:

@@ -6,9 +6,9 @@ import json
 import numpy as np
 
 from prl.transport.memory import MemoryBroker, MemoryTransport
-from schemas import Dispatch, Rollout, RolloutGroup, decode, encode, headers, topic_name
-from schemas.config import load_config
-from schemas.topics import PROBLEMS, ROLLOUTS
+from prl.schemas import Dispatch, Rollout, RolloutGroup, decode, encode, headers, topic_name
+from prl.schemas.config import load_config
+from prl.schemas.topics import PROBLEMS, ROLLOUTS
 
 
 def desk_config(tmp_path, **extra):
@@ -46,7 +46,7 @@ class Desk:
 
 
 def started(tmp_path, **extra):
-    from scheduler.service import Scheduler
+    from prl.scheduler.service import Scheduler
 
     cfg = desk_config(tmp_path, **extra)
     transport = MemoryTransport(MemoryBroker())

@@ -4,7 +4,7 @@ import pytest
 
 from prl import storage
 from prl.storage import StorageError
-from scheduler.archive import RolloutArchive, read_archive
+from prl.scheduler.archive import RolloutArchive, read_archive
 from tests.support.groups import make_groups
 
 

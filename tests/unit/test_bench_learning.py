@@ -189,9 +189,9 @@ def test_a_reference_that_is_not_the_same_benchmark_on_another_pool_fails_with_o
 def test_pool_accuracy_scores_the_latest_checkpoint_on_the_training_pool(tmp_path):
     import torch
 
-    from learner.checkpoint import write_checkpoint
+    from prl.learner.checkpoint import write_checkpoint
     from prl.models import export_state, load_model, resolve_model_dir
-    from schemas.config import load_config
+    from prl.schemas.config import load_config
 
     cfg = load_config(overrides=[f"run.run_dir='{tmp_path}'", "task.train_per_digit=[20, 20, 0]"])
     model, base_dir = load_model(cfg.model.path), resolve_model_dir(cfg.model.path)
@@ -562,7 +562,7 @@ def test_stored_runs_can_be_shown_for_some_strategies_only(tmp_path, capsys):
 
 def test_the_large_pool_mode_trains_on_the_task_s_own_pool_at_its_own_rates():
     from benchmarks.learning_settings import LR, MODES, TASK_POOL, learning_rates
-    from schemas.config import TaskConfig
+    from prl.schemas.config import TaskConfig
 
     assert json.loads(TASK_POOL) == TaskConfig().train_per_digit  # what `prl run` trains on
     assert MODES["large-pool"][2] == TASK_POOL
@@ -930,7 +930,7 @@ if __name__ == "__main__":
 def test_a_killed_benchmark_takes_its_workers_with_it(tmp_path):
     """kill -9 of `prl bench learning` stops its spawned workers too; before, each ran on to the
     end of its run, taking the cores from whatever ran next."""
-    from prl.servers import wait_until
+    from tests.support.servers import wait_until
 
     def alive(pid: int) -> bool:  # a zombie left for a parent that is gone counts as stopped
         status = Path(f"/proc/{pid}/status")

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from prl.generation import NoChatTemplate, Request, TransformersBackend, encode_prompt
-from schemas import Sampling
+from prl.schemas import Sampling
 from tests.support.chat_model import make_chat_model
 
 MESSAGES = [{"role": "system", "content": "Answer with only the final answer."},
@@ -47,13 +47,13 @@ def test_producer_serves_chat_dispatches_and_checkpoints_keep_the_template(chat_
     """A producer answers chat dispatches with rollouts whose prompt ids are the template's;
     a learner checkpoint of this model carries the chat template, so the checkpoint alone
     renders the same prompt (what vLLM and transformers load)."""
-    from learner.checkpoint import write_checkpoint
-    from producers.service import Producer
+    from prl.learner.checkpoint import write_checkpoint
+    from prl.producers.service import Producer
     from prl.models import export_state, load_model, load_tokenizer
     from prl.transport.memory import MemoryTransport
-    from schemas import Dispatch, RolloutGroup, decode, encode, topic_name
-    from schemas.config import load_config
-    from schemas.topics import PROBLEMS, ROLLOUTS
+    from prl.schemas import Dispatch, RolloutGroup, decode, encode, topic_name
+    from prl.schemas.config import load_config
+    from prl.schemas.topics import PROBLEMS, ROLLOUTS
 
     cfg = load_config(overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}",
                                  f"model.path={json.dumps(str(chat_dir))}"])

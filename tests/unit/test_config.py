@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from schemas.config import Config, ConfigError, load_config
+from prl.schemas.config import Config, ConfigError, load_config
 
 
 def test_defaults_validate():

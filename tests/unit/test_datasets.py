@@ -61,8 +61,8 @@ def test_an_unreadable_file_is_one_line_naming_it(tmp_path, name, content, messa
 
 def test_scheduler_runs_on_a_dataset(tmp_path):
     from prl.transport.memory import MemoryTransport
-    from scheduler.service import Scheduler
-    from schemas.config import load_config
+    from prl.scheduler.service import Scheduler
+    from prl.schemas.config import load_config
 
     uri = write_jsonl(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": f"{i}+1=", "answer": str(i + 1)[::-1],
                                               "difficulty": i % 2} for i in range(10)])

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from learner.train import pack, token_logprobs
+from prl.learner.train import pack, token_logprobs
 from prl.generation import Request, TransformersBackend, chosen_logprobs
 from prl.models import load_model, load_tokenizer
-from schemas import Sampling, TrainRollout
+from prl.schemas import Sampling, TrainRollout
 
 
 def test_chosen_logprobs_equal_the_log_softmax_of_the_stacked_steps():

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from learner.sources import GroupCache, resolve_batch
+from prl.learner.sources import GroupCache, resolve_batch
 from prl.transport import Message
-from schemas import (
+from prl.schemas import (
     DecodeError,
     Rollout,
     RolloutGroup,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from learner.grpo import grpo_loss
+from prl.learner.grpo import grpo_loss
 from prl.formulas import group_advantages, has_signal
 
 
@@ -64,7 +64,7 @@ def test_group_advantages():
 
 
 def random_rollouts(n, seed, vocab=16):
-    from schemas import TrainRollout
+    from prl.schemas import TrainRollout
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -80,9 +80,9 @@ def random_rollouts(n, seed, vocab=16):
 def test_micro_batched_loss_and_gradients_equal_whole_batch():
     """Token-budget micro-batches with gradient accumulation give the whole-batch
     token-mean loss and the same gradients."""
-    from learner.train import plan_micro_batches, train_step
+    from prl.learner.train import plan_micro_batches, train_step
     from prl.models import load_model
-    from schemas.config import LearnerConfig
+    from prl.schemas.config import LearnerConfig
 
     rollouts = random_rollouts(24, seed=0)
     grads, losses = [], []
@@ -105,9 +105,9 @@ def test_micro_batched_loss_and_gradients_equal_whole_batch():
 
 def test_the_training_step_goes_through_the_tested_loss(monkeypatch):
     """train_step's loss is grpo_loss over the whole batch (micro-batched around it)."""
-    import learner.train as train
+    import prl.learner.train as train
     from prl.models import load_model
-    from schemas.config import LearnerConfig
+    from prl.schemas.config import LearnerConfig
 
     rollouts = random_rollouts(12, seed=1)
     calls = []
@@ -127,9 +127,9 @@ def test_the_training_step_goes_through_the_tested_loss(monkeypatch):
 def test_bf16_autocast_auto_trains_in_bf16_only_where_the_device_has_it_natively(monkeypatch, setting, native, autocast):
     """learner.bf16_autocast = "auto": bf16 autocast where bf16 is native, fp32 where it would be
     emulated (a CPU with AVX2 alone, 16x slower); true and false are obeyed as set."""
-    import learner.train as train
+    import prl.learner.train as train
     from prl.models import load_model
-    from schemas.config import LearnerConfig
+    from prl.schemas.config import LearnerConfig
 
     enabled, real = [], torch.autocast
     monkeypatch.setattr(train, "native_bf16", lambda: native)
@@ -143,9 +143,9 @@ def test_bf16_autocast_auto_trains_in_bf16_only_where_the_device_has_it_natively
 def test_updates_per_batch_steps_the_optimizer_that_many_times_on_one_batch():
     """GRPO's mu: mu optimizer steps on one batch, each moving the weights further; the step's
     metrics are the first pass's (the batch against the policy it arrived at), as with one."""
-    from learner.train import train_step
+    from prl.learner.train import train_step
     from prl.models import load_model
-    from schemas.config import LearnerConfig
+    from prl.schemas.config import LearnerConfig
 
     rollouts = random_rollouts(12, seed=2)
     runs = {}
@@ -163,7 +163,7 @@ def test_updates_per_batch_steps_the_optimizer_that_many_times_on_one_batch():
 
 
 def test_annealed_lr_falls_linearly_to_its_final_share_and_holds_there():
-    from learner.train import annealed_lr
+    from prl.learner.train import annealed_lr
 
     assert [annealed_lr(1e-4, v, 4, 0.0) for v in (0, 1, 2, 3, 4, 9)] == pytest.approx([1e-4, 7.5e-5, 5e-5, 2.5e-5, 0, 0])
     assert annealed_lr(1e-4, 2, 4, 0.5) == pytest.approx(7.5e-5) and annealed_lr(1e-4, 7, 4, 0.5) == pytest.approx(5e-5)

@@ -1,8 +1,8 @@
 """The house rules, checked: floors (who may import whom), no import cycles, short
 functions, and docs that name only paths and modules that exist.
 
-Floors, bottom up: schemas/ (the contract) <- prl/ (the shared floor) <- scheduler/,
-producers/, learner/ (the services) <- prl/cli/ and benchmarks/ (the commands)."""
+Floors, bottom up: prl.schemas (the contract) <- prl (the shared floor) <- prl.scheduler,
+prl.producers, prl.learner (the services) <- prl.cli and benchmarks/ (the commands)."""
 
 import ast
 import re
@@ -11,17 +11,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("schemas", "prl", "scheduler", "producers", "learner", "benchmarks")
+# folder -> the module it installs as: every component is a subpackage of prl (pyproject.toml)
+FOLDERS = {"schemas": "prl.schemas", "prl": "prl", "scheduler": "prl.scheduler", "producers": "prl.producers",
+           "learner": "prl.learner", "benchmarks": "benchmarks"}
 SERVICES = ("scheduler", "producers", "learner")
 MAX_FUNCTION_LINES = 40
 
 
 def floor(module: str) -> str:
     """schemas | floor | <service name> | commands."""
-    top = module.split(".")[0]
-    if top == "benchmarks" or module == "prl.cli" or module.startswith("prl.cli."):
+    parts = module.split(".")
+    if parts[0] == "benchmarks" or parts[:2] == ["prl", "cli"]:
         return "commands"
-    return "floor" if top == "prl" else top
+    if parts[0] == "prl" and len(parts) > 1 and parts[1] in ("schemas", *SERVICES):
+        return parts[1]
+    return "floor"
 
 
 def allowed(src: str, dst: str) -> bool:
@@ -37,10 +41,11 @@ def allowed(src: str, dst: str) -> bool:
 
 def modules() -> dict[str, Path]:
     out = {}
-    for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            out[".".join((package, *parts))] = path
     return out
 
 
@@ -58,7 +63,16 @@ def imports(path: Path, name: str) -> set[str]:
                 node_module = node.module or ""
             found.add(node_module)
             found |= {f"{node_module}.{a.name}" for a in node.names}
-    return {m for m in found if m.split(".")[0] in PACKAGES}
+    return {m for m in found if m.split(".")[0] in ("prl", "benchmarks")}
+
+
+def test_components_are_imported_under_prl_only():
+    """The folders install as prl.schemas, prl.scheduler, ...: an import by the folder's bare
+    name would load a second copy of the module from the source tree."""
+    bare = re.compile(r"^\s*(?:from|import) (?:schemas|scheduler|producers|learner)\b", re.M)
+    wrong = [str(p.relative_to(ROOT)) for folder in (*FOLDERS, "tests", "tools") for p in (ROOT / folder).rglob("*.py")
+             if bare.search(p.read_text())]
+    assert not wrong, wrong
 
 
 def graph() -> dict[str, set[str]]:
@@ -113,7 +127,7 @@ def test_no_import_cycles():
 
 def test_no_function_is_longer_than_forty_lines():
     long = []
-    for path in [*(ROOT / p for p in PACKAGES if p != "benchmarks"), ROOT / "tests"]:
+    for path in [*(ROOT / p for p in FOLDERS if p != "benchmarks"), ROOT / "tests"]:
         for file in path.rglob("*.py"):
             for node in ast.walk(ast.parse(file.read_text())):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -125,9 +139,9 @@ def test_no_function_is_longer_than_forty_lines():
 
 DOCS = ["README.md", "deploy/k8s/README.md", "benchmarks/RESULTS.md"]
 # a file of the repo (with its extension; a test may follow as ::name), and a function spec module:function
-PATH = re.compile(r"(?<![\w./-])((?:schemas|prl|scheduler|producers|learner|benchmarks|tests|deploy|docs|examples)"
+PATH = re.compile(r"(?<![\w./-])((?:schemas|prl|scheduler|producers|learner|benchmarks|tests|tools|deploy|docs|examples)"
                   r"/[\w./-]*\.(?:py|md|toml|png|yaml|json|arrow))(?:::(\w+))?")
-SPEC = re.compile(r"\b((?:schemas|prl|scheduler|producers|learner)(?:\.\w+)+):(\w+)|python -m ((?:prl|benchmarks)[\w.]*)")
+SPEC = re.compile(r"\b((?:prl|benchmarks)(?:\.\w+)+):(\w+)|python -m ((?:prl|benchmarks|tools)[\w.]*)")
 
 
 @pytest.mark.parametrize("doc", DOCS)
@@ -152,7 +166,10 @@ def test_docs_name_only_paths_and_modules_that_exist(doc):
 
 
 def _module_file(module: str) -> Path | None:
-    base = ROOT.joinpath(*module.split("."))
+    parts = module.split(".")
+    if parts[:2] != ["prl", "cli"] and len(parts) > 1 and parts[0] == "prl" and parts[1] in FOLDERS:
+        parts = parts[1:]  # prl.scheduler.x lives in scheduler/x.py
+    base = ROOT.joinpath(*parts)
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.exists():
             return candidate

@@ -13,8 +13,8 @@ from prl.tasks import addition
 from prl.tasks.addition import Problem
 from prl.tasks.datasets import DatasetError
 from prl.tasks.likelihood import answer_logprobs, quantile_bins, read_groups, write_groups
-from schemas import Sampling
-from schemas.config import ConfigError, load_config
+from prl.schemas import Sampling
+from prl.schemas.config import ConfigError, load_config
 from tests.support.chat_model import make_chat_model
 
 
@@ -107,7 +107,7 @@ def test_groups_path_needs_the_group_prior():
 
 
 def test_cli_writes_groups_the_scheduler_uses(tmp_path, capsys):
-    from scheduler.service import problem_groups
+    from prl.scheduler.service import problem_groups
     from prl.tasks import train_problems
 
     out = str(tmp_path / "groups.jsonl")

@@ -3,12 +3,12 @@
 from dataclasses import replace
 
 from prl.cli import replay
-from schemas.config import SchedulerConfig
+from prl.schemas.config import SchedulerConfig
 from tests.support.groups import make_groups
 
 
 def test_offline_batches_leave_out_groups_archived_as_rewards_only():
-    from producers.service import rewards_only
+    from prl.producers.service import rewards_only
 
     groups = make_groups(12)
     stripped = {g.dispatch_id for g in groups[::3]}

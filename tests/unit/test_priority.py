@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.priority import HEAP, SOLVED, UNSOLVED, PrioritySampler
-from scheduler.samplers import UniformSampler
-from schemas.config import ConfigError, PriorityConfig, load_config
+from prl.scheduler.priority import HEAP, SOLVED, UNSOLVED, PrioritySampler
+from prl.scheduler.samplers import UniformSampler
+from prl.schemas.config import ConfigError, PriorityConfig, load_config
 
 
 def sampler(n=40, groups=4, seed=0, **kw):
@@ -190,7 +190,7 @@ def test_snapshot_restore_gives_identical_future_dispatches(seq, seed, clocks):
 
     a = sampler(seed=seed, retest_interval=2, **clocks)
     drive(a, seq, 0)
-    from scheduler.snapshot import check_state, join_arrays, split_arrays
+    from prl.scheduler.snapshot import check_state, join_arrays, split_arrays
 
     arrays, rest = split_arrays(a.state_dict())  # numpy arrays + JSON, the snapshot format
     snapshot = join_arrays(json.loads(json.dumps(rest)), {k: v.copy() for k, v in arrays.items()})
@@ -221,7 +221,7 @@ def test_a_groups_starting_rate_is_its_prior_until_first_visits_say_otherwise():
     s.observe_many([0, 2], [6, 6], [8, 8], 0)  # two first visits say group 0 is solvable
     assert s.group_rate(0) == pytest.approx(12 / 18) and s.unseen_priority(0) > 0.2
     from prl.cli.explain import why
-    from schemas.config import SchedulerConfig
+    from prl.schemas.config import SchedulerConfig
 
     text = "\n".join(why(s, 4, SchedulerConfig(priority=s.cfg)))
     assert "from a start of 0.000, the expected success of its answer-likelihood bin" in text
@@ -466,7 +466,7 @@ def test_a_snapshot_whose_fields_do_not_fit_its_pool_is_passed_over_for_the_one_
     per-group list has one entry too few or too many, or that names a problem outside the pool,
     costs one log line naming the field, and the scheduler resumes from the snapshot before."""
     from prl import logs
-    from scheduler.snapshot import read_snapshot, write_snapshot
+    from prl.scheduler.snapshot import read_snapshot, write_snapshot
 
     logs.configure("console", "info")
     s = make()
@@ -496,7 +496,7 @@ def test_explain_words_a_never_tried_problem_as_its_prior_draws_it(prior, says, 
     """`prl explain`: under the flat and pooled priors the task's groups play no part, and
     the explanation does not say they do."""
     from prl.cli.explain import why
-    from schemas.config import SchedulerConfig
+    from prl.schemas.config import SchedulerConfig
 
     cfg = SchedulerConfig(priority=PriorityConfig(prior=prior))
     s = PrioritySampler(np.arange(40) % 4, cfg.priority, seed=0)
@@ -507,7 +507,7 @@ def test_explain_words_a_never_tried_problem_as_its_prior_draws_it(prior, says, 
 
 def test_explain_says_when_a_never_tried_problem_is_due_under_a_first_pass_clock():
     from prl.cli.explain import why
-    from schemas.config import SchedulerConfig
+    from prl.schemas.config import SchedulerConfig
 
     for clock, says in (("periodic", True), ("exponential", False)):
         cfg = SchedulerConfig(priority=PriorityConfig(mode="periodic", unseen_clock=clock))

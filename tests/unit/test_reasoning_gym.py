@@ -35,7 +35,7 @@ def test_train_and_test_share_no_problem_nor_swapped_twin(tmp_path):
     truth = json.loads(row["reward_model"]["ground_truth"])
     assert truth["answer"] == row["extra_info"]["answer"] and truth["settings"] == {"max_value": 30}
     meta = json.loads((tmp_path / "dataset.json").read_text())
-    assert meta["seed"] == 3 and meta["reward"] == "producers.rewards:reasoning_gym"
+    assert meta["seed"] == 3 and meta["reward"] == "prl.producers.rewards:reasoning_gym"
 
 
 def test_rows_load_as_chat_problems_grouped_by_difficulty(tmp_path):
@@ -83,7 +83,7 @@ def test_cli_makes_data_and_reports_errors_in_one_line(tmp_path, capsys):
     assert main(["data", "reasoning-gym", "gcd", "--train", "20", "--test", "5", "--out", str(tmp_path / "d"),
                  "--set", "max_value=50"]) == 0
     out = capsys.readouterr().out
-    assert "train.parquet (20 problems)" in out and "producers.rewards:reasoning_gym" in out
+    assert "train.parquet (20 problems)" in out and "prl.producers.rewards:reasoning_gym" in out
     assert main(["data", "reasoning-gym", "nosuch", "--train", "2", "--test", "1", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown reasoning-gym task 'nosuch'" in err

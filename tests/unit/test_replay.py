@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.batches import compose_batch
-from scheduler.replay import ReplayBuffer
-from schemas import Rollout, RolloutGroup, TrainRollout
+from prl.scheduler.batches import compose_batch
+from prl.scheduler.replay import ReplayBuffer
+from prl.schemas import Rollout, RolloutGroup, TrainRollout
 
 _counter = iter(range(10**9))
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from prl.cli import main
-from scheduler.archive import RolloutArchive
+from prl.scheduler.archive import RolloutArchive
 from tests.support.groups import make_groups
 
 

@@ -3,14 +3,14 @@ the distinct problems trained, and the advantages a published batch carries."""
 
 import pytest
 
-from schemas import decode, topic_name
+from prl.schemas import decode, topic_name
 from tests.support.scheduler_desk import started
 
 
 def test_problems_trained_counts_distinct_problems_that_entered_a_batch_and_survives_a_restart(tmp_path):
     """How broadly a run trains, not only how much: a group without a signal is looked at, not
     trained; the count is kept in the snapshot."""
-    from scheduler.service import Scheduler
+    from prl.scheduler.service import Scheduler
 
     cfg, transport, scheduler, desk = started(tmp_path)
     looks = desk.read()
@@ -44,8 +44,8 @@ def test_problems_trained_leaves_out_groups_without_a_signal_when_they_are_train
 def test_the_published_batch_carries_the_configured_advantages(tmp_path, scaled, success, failure):
     """scheduler.advantage_std reaches the batches the learner trains: GRPO's std-scaled
     advantages by default, Dr. GRPO's r - mean(r) when false."""
-    from schemas import TrainBatch
-    from schemas.topics import BATCHES
+    from prl.schemas import TrainBatch
+    from prl.schemas.topics import BATCHES
 
     cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.advantage_std": scaled})
     batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)

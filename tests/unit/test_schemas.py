@@ -4,11 +4,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from schemas import (
+from prl.schemas import (
     DeadLetter, DecodeError, Dispatch, PolicyVersion, Rollout, RolloutGroup, Sampling, TrainBatch, TrainRollout,
     decode, encode, headers,
 )
-from schemas import records
+from prl.schemas import records
 
 
 def rollout_group(reward=1.0, version=3):

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from schemas import decode, topic_name
-from schemas.config import ConfigError
+from prl.schemas import decode, topic_name
+from prl.schemas.config import ConfigError
 from tests.support.scheduler_desk import desk_config, started as started_unscreened
 
 SCREEN = {"scheduler.screen_size": 2}
@@ -58,7 +58,7 @@ def test_a_screen_with_a_signal_is_completed_and_trained_as_one_group(tmp_path):
 
 
 def test_a_screen_waiting_for_its_rest_survives_a_restart(tmp_path):
-    from scheduler.service import Scheduler
+    from prl.scheduler.service import Scheduler
 
     cfg, transport, scheduler, desk, mixed, rest = waiting_for_a_rest(tmp_path)
     scheduler.snapshot()
@@ -92,8 +92,8 @@ def test_a_rest_for_another_prompt_than_its_screen_is_not_joined_to_it(tmp_path)
 
 def test_a_rest_without_completions_is_dead_lettered_even_when_its_own_rewards_are_equal(tmp_path):
     """A rest trains with its screen whatever its own rewards, so it must carry its completions."""
-    from schemas import DeadLetter
-    from schemas.topics import DEADLETTER
+    from prl.schemas import DeadLetter
+    from prl.schemas.topics import DEADLETTER
 
     cfg, transport, scheduler, desk, mixed, rest = waiting_for_a_rest(tmp_path)
     desk.answer(rest, [0.0] * 6, completions=False)

@@ -17,7 +17,7 @@ task, stopped early on purpose, like a pretrained model that half knows the skil
 So RL has a real lesson to teach (carrying on 2-digit sums) on problems of medium
 difficulty, beside problems already solved (1-digit) and out of reach (3-4 digits), where
 uniform sampling wastes its rollouts. The shipped copy under prl/assets/tiny-adder was
-made by ``python -m prl.tinymodel prl/assets/tiny-adder`` (about 15 s on 2 cores).
+made by ``python -m tools.tinymodel prl/assets/tiny-adder`` (about 15 s on 2 cores).
 """
 
 from __future__ import annotations
