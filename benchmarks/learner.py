@@ -1,7 +1,7 @@
 """`prl bench learner`: tokens per second of the learner step, one process against 2 FSDP2
 ranks (torchrun, gloo on CPU), and the effect of the micro-batch token budget.
 
-Each configuration runs the real learner (`prl learner` with `learner.batches_from`) on
+Each configuration runs the real learner (`prl learner --batches-from`) on
 the same file of synthetic TrainBatches and reads its metrics: completion tokens trained
 per second of train_step, averaged over the steps after the first.
 """
@@ -43,23 +43,22 @@ def run(workdir: Path, world: int, micro: int, steps: int, threads: int, model: 
     config.write_text(f"""
 [run]
 run_dir = "{run_dir}"
-log_level = "warning"
+threads = {threads}
 [model]
 path = "{model}"
 [scheduler]
 tau_max = 1000
 [learner]
-batches_from = "{workdir / 'batches.arrow'}"
 eval_every = 0
 checkpoint_every = 1000
 max_steps = {steps}
 micro_batch_tokens = {micro}
-threads = {threads}
 bf16_autocast = {'true' if bf16 else 'false'}
 """)
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"] if world > 1 \
         else [sys.executable]
-    out = subprocess.run(prefix + ["-m", "prl.cli", "learner", "--config", str(config)], check=False, capture_output=True, text=True)
+    out = subprocess.run(prefix + ["-m", "prl.cli", "learner", "--config", str(config), "--batches-from",
+                                   str(workdir / "batches.arrow")], check=False, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     rows = [json.loads(x) for x in (run_dir / "metrics-learner.jsonl").read_text().splitlines()]

@@ -38,6 +38,7 @@ import numpy as np
 
 from benchmarks.common import count, positive, write_json
 from prl.metrics import bucket_quantile
+from prl.transport.kafka import FETCH_MAX_WAIT_MS  # the raw latency probe waits as the services' consumers do
 
 SPAWN = multiprocessing.get_context("spawn")  # helper processes start clean, without the producers' threads
 REWARD_MIX = ((0.5, [0.0] * 8), (0.2, [1.0] * 8), (0.3, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]))  # wrong, right, mixed
@@ -335,21 +336,25 @@ def scheduler_figures(run_dir: Path) -> dict:
 MODES = ("copy", "claim_check", "copy+rewards_only", "claim_check+rewards_only")
 
 
+POOL = (80, 8000, 20000, 20000)  # addition problems of 1-4 digits: a pool of 48,080
+
+
 def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, mode: str) -> Path:
+    from tests.support.addition import small_addition
     from tests.support.servers import write_kafka_config
 
+    (task,) = small_addition(path.parent / "pool", POOL)
     return write_kafka_config(
         path, bootstrap, run, str(run_dir),
-        run={"log_format": "json", "log_level": "warning", "finish_with_learner": False},  # versions pass max_steps here
+        run={"log_format": "json"},
         transport={"kafka": {"bootstrap_servers": bootstrap, "session_timeout_ms": 6000, "max_message_bytes": 64 << 20,
-                             "fetch_max_wait_ms": args.fetch_max_wait_ms,
-                             "problem_partitions": max(args.producers)}},  # one partition per producer
-        task={"train_per_digit": [80, 8000, 20000, 20000]},
+                             "partitions": max(args.producers)}},  # one partition per producer
+        task={"train_path": task.split("=", 1)[1].strip('"')},
         sampling={"group_size": 8, "max_tokens": args.tokens},
         scheduler={"groups_per_batch": args.groups_per_batch, "max_in_flight": args.max_in_flight, "max_batches_ahead": 4,
-                   "max_batch_tokens": 1 << 30, "snapshot_every": 20, "archive": False,
-                   "claim_check": mode.startswith("claim_check"), "dispatch_timeout_s": 600.0},
+                   "snapshot_every": 20, "claim_check": mode.startswith("claim_check"), "dispatch_timeout_s": 600.0},
         producer={"drop_zero_signal_completions": mode.endswith("+rewards_only")},
+        learner={"max_steps": 10**9},  # the simulated learner's versions never reach it
     )
 
 
@@ -554,7 +559,7 @@ def probe_broker(config: str, stop, latencies) -> None:
     quiet()
     cfg, parent = load_config(config), os.getppid()
     kafka = cfg.transport.kafka
-    for seen in raw_probe(kafka.bootstrap_servers, kafka.fetch_max_wait_ms, lambda: running(stop, parent), interval_s=0.05):
+    for seen in raw_probe(kafka.bootstrap_servers, FETCH_MAX_WAIT_MS, lambda: running(stop, parent), interval_s=0.05):
         if seen:
             latencies.put(seen)
 
@@ -595,8 +600,6 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                     help="to ramp, in turn on the same broker: batches that copy or claim-check the rollouts, and "
                          "+rewards_only: producers send groups without a signal as their rewards only")
-    ap.add_argument("--fetch-max-wait-ms", type=count, default=50,
-                    help="transport.kafka.fetch_max_wait_ms of every consumer, the raw latency probe's too (tansu holds each fetch for most of it)")
     ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
@@ -610,7 +613,7 @@ def main(argv=None) -> int:
         try:
             broker_pid = broker.proc.pid if broker is not None else None
             runs = {mode: ramp(args, bootstrap, broker_pid, Path(tmp), mode) for mode in args.modes}
-            ceiling = raw_ceiling(bootstrap, args.tokens) | raw_latency(bootstrap, args.fetch_max_wait_ms)
+            ceiling = raw_ceiling(bootstrap, args.tokens) | raw_latency(bootstrap, FETCH_MAX_WAIT_MS)
         finally:
             if broker is not None:
                 broker.stop()

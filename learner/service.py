@@ -24,7 +24,7 @@ import numpy as np
 from prl.learner import checkpoint, distributed
 from prl.learner.evaluate import encode_heldout, heldout_accuracy
 from prl.learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
-from prl.learner.train import annealed_lr, make_optimizer, set_lr, train_step
+from prl.learner.train import make_optimizer, train_step
 from prl import storage
 from prl.formulas import rollout_age
 from prl.generation import TransformersBackend
@@ -37,20 +37,24 @@ from prl.schemas.topics import BATCHES, POLICY, ROLLOUTS
 
 
 TRAINED_MEMORY = 20_000  # fresh rollout ids remembered (and checkpointed) to refuse a second training
+FETCH_CACHE_BYTES = 256 << 20  # claim-check batches: rollout groups kept so a replayed one is not fetched again
+KEEP_CHECKPOINTS = 3
 
 
 class Learner(Service):
     name = "learner"
     reads, writes = (BATCHES, ROLLOUTS), (POLICY,)  # rollouts: claim-check batches are fetched from it
 
-    def __init__(self, cfg, transport, metrics=None):
+    def __init__(self, cfg, transport, metrics=None, batches_from: str | None = None):
+        """``batches_from``: train from a file of TrainBatch records (path or fsspec URI) instead
+        of the batch topic (`prl learner --batches-from`, `prl replay train`)."""
         self.dist = distributed.setup()
         self.is_main = self.dist is None or self.dist.is_main
         super().__init__(cfg, transport, metrics if self.is_main else None)
         import torch
 
-        if cfg.learner.threads:
-            torch.set_num_threads(cfg.learner.threads)
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
         self.model = load_model(cfg.model.path, cfg.model.dtype)
         self.tokenizer = load_tokenizer(cfg.model.path)
@@ -65,11 +69,11 @@ class Learner(Service):
         self.prepare_evaluation()
         self.source, self.exhausted, self.groups = None, False, None  # groups: claim-check batches' rollouts, made on first use
         if self.is_main:
-            self.source = FileSource(cfg.learner.batches_from) if cfg.learner.batches_from else \
+            self.source = FileSource(batches_from) if batches_from else \
                 TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
             self.announce()
-        self.next_eval_rollouts, self.evaluated_at = cfg.learner.eval_every_rollouts, -1
-        if (cfg.learner.eval_every or cfg.learner.eval_every_rollouts) and self.heldout and self.version == 0:
+        self.evaluated_at = -1
+        if cfg.learner.eval_every and self.heldout and self.version == 0:
             self.evaluate()
 
     def log_precision(self) -> None:
@@ -94,6 +98,8 @@ class Learner(Service):
         self.optimizer = make_optimizer(self.model, self.cfg.learner)
         if ckpt is not None:
             checkpoint.load_optimizer(ckpt, self.optimizer, self.dist)
+            for group in self.optimizer.param_groups:  # the configured rate, whatever the checkpoint's was
+                group["lr"] = self.cfg.learner.lr
             state = ckpt.state
             self.version, self.last_seq = state["step"], state["last_batch_seq"]
             self.rollouts_generated = state.get("rollouts_generated", 0)
@@ -148,7 +154,7 @@ class Learner(Service):
         if record is None:
             return None
         if isinstance(record, TrainBatchRefs) and self.groups is None:
-            self.groups = GroupCache(self.transport.reader(), self.cfg.learner.fetch_cache_mb << 20)
+            self.groups = GroupCache(self.transport.reader(), FETCH_CACHE_BYTES)
         try:
             with self.timed("fetch"):
                 batch, fetched, cached = resolve_batch(record, self.groups, self.topic(ROLLOUTS),
@@ -205,10 +211,8 @@ class Learner(Service):
             self.last_seq = batch.seq
             return
         self.remember_trained(usable)
-        learner = self.cfg.learner
-        set_lr(self.optimizer, annealed_lr(learner.lr, self.version, learner.lr_decay_steps, learner.lr_final_ratio))
         t0 = time.perf_counter()
-        stats = train_step(self.model, self.optimizer, usable, learner, self.pad_id, self.dist)
+        stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist)
         stats.update(lr=self.optimizer.param_groups[0]["lr"], train_seconds=time.perf_counter() - t0,
                      **self.age_metrics(usable), mean_reward=sum(r.reward for r in usable) / len(usable),
                      stale_dropped=self.counters.get("stale_dropped", 0))
@@ -228,13 +232,8 @@ class Learner(Service):
             self.evaluate()
 
     def evaluation_due(self) -> bool:
-        """Every eval_every steps (and at the last), or every eval_every_rollouts generated."""
+        """Every eval_every steps, and at the last."""
         cfg = self.cfg.learner
-        if cfg.eval_every_rollouts:
-            due = self.rollouts_generated >= self.next_eval_rollouts
-            while self.next_eval_rollouts <= self.rollouts_generated:
-                self.next_eval_rollouts += cfg.eval_every_rollouts
-            return due or self.version >= cfg.max_steps
         return bool(cfg.eval_every) and (self.version % cfg.eval_every == 0 or self.version >= cfg.max_steps)
 
     def usable_rollouts(self, batch: TrainBatch) -> tuple[list, int, int]:
@@ -266,7 +265,7 @@ class Learner(Service):
         weights = distributed.full_weights(self.model, self.dist)  # {} on ranks other than 0
         self.checkpoint_uri = checkpoint.write_checkpoint(
             self.cfg.run.run_dir, self.version, export_state(self.model, weights) if weights else {},
-            self.optimizer, state, resolve_model_dir(self.cfg.model.path), self.cfg.learner.keep_checkpoints, self.dist,
+            self.optimizer, state, resolve_model_dir(self.cfg.model.path), KEEP_CHECKPOINTS, self.dist,
         )
         self.saved_version = self.version
         if self.is_main:  # offsets move with checkpoints: a restart re-reads what the checkpoint lacks

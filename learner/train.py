@@ -1,4 +1,8 @@
-"""One GRPO optimizer step on a TrainBatch: pack, score, loss, backward, clip, step."""
+"""One GRPO optimizer step on a TrainBatch: pack, score, loss, backward, clip, step.
+
+The seed paper's optimizer settings are constants here (one epoch per batch, no KL): AdamW
+with weight decay 0.01, global grad-norm clip 1.0, dual clip c = 10; the learning rate and the
+PPO clip range are settings (``learner.lr``, ``learner.clip_low``, ``learner.clip_high``)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,10 @@ import torch
 from prl.learner.grpo import grpo_loss
 from prl.models import bf16_autocast_on, native_bf16
 from prl.schemas import TrainRollout
+
+WEIGHT_DECAY = 0.01
+GRAD_CLIP = 1.0
+DUAL_CLIP = 10.0
 
 
 @dataclass
@@ -108,7 +116,7 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg) -> tuple
     is ``grpo_loss`` normalised by the whole batch's token count, so micro-batch losses add
     up to the batch's token mean; the diagnostics come from the same function per part."""
     logp = token_logprobs(model, batch)
-    clip = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
+    clip = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=DUAL_CLIP)
     loss, _ = grpo_loss(logp, batch.behaviour_logp, batch.advantage, batch.mask, total_tokens=total_tokens, **clip)
     sums = [loss.detach() * total_tokens]
     with torch.no_grad():
@@ -121,22 +129,18 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg) -> tuple
 
 
 def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0, dist=None) -> dict[str, float]:
-    """``cfg.updates_per_batch`` optimizer steps (GRPO's mu, default 1) on a batch: each over
-    micro-batches of at most ``cfg.micro_batch_tokens`` padded tokens with gradient
-    accumulation, so the loss and gradients equal the whole-batch token-mean; under FSDP every
-    rank takes its share of the micro-batches. Then grad-norm clip and AdamW step; returns the
-    batch's metrics (global) from the first pass, the batch against the policy it arrived at."""
+    """One optimizer step on a batch, over micro-batches of at most ``cfg.micro_batch_tokens``
+    padded tokens with gradient accumulation, so the loss and gradients equal the whole-batch
+    token-mean; under FSDP every rank takes its share of the micro-batches. Then grad-norm clip
+    and AdamW step; returns the batch's metrics (global)."""
     world, rank = (dist.world, dist.rank) if dist is not None else (1, 0)
     total_tokens = sum(len(r.completion_ids) for r in rollouts)
     plan = plan_micro_batches(rollouts, cfg.micro_batch_tokens, world)[rank]
     model.train()
-    for update in range(cfg.updates_per_batch):
-        optimizer.zero_grad(set_to_none=True)
-        pass_sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world)
-        pass_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        if update == 0:
-            sums, grad_norm = pass_sums, pass_norm
+    optimizer.zero_grad(set_to_none=True)
+    sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    optimizer.step()
     model.eval()
     return {
         **step_metrics(dict(zip(STAT_NAMES, sums.tolist())), total_tokens),
@@ -182,18 +186,4 @@ def step_metrics(s: dict[str, float], total_tokens: int) -> dict[str, float]:
 
 
 def make_optimizer(model, cfg) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def annealed_lr(lr: float, version: int, decay_steps: int, final_ratio: float) -> float:
-    """PPO's learning-rate annealing: the rate for the step from ``version``, falling linearly
-    from ``lr`` at version 0 to ``final_ratio * lr`` at ``decay_steps`` and held there; ``lr``
-    throughout when ``decay_steps`` is 0."""
-    if decay_steps == 0:
-        return lr
-    return lr * (1 - (1 - final_ratio) * min(version, decay_steps) / decay_steps)
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=WEIGHT_DECAY)

@@ -23,26 +23,6 @@ def bernoulli_variance(p):
     return p * (1 - p)
 
 
-def signal_probability(p, group_size: int):
-    """1 - p^G - (1 - p)^G: the chance that a group of G completions at success rate p is
-    neither all solved nor all failed, so its advantages are not all zero and it trains
-    (the share of groups DAPO's filter keeps). Near 1 over most of (0, 1) for G = 8 and zero
-    only at the ends: unlike p(1-p), it does not favour p = 1/2 over p = 0.8."""
-    return 1 - p**group_size - (1 - p) ** group_size
-
-
-def pass_at_k(p, k: int):
-    """1 - (1 - p)^k: the chance that at least one of k completions at success rate p solves
-    the problem (pass@k). For k = 8 about 1 from p = 0.3 up to 1 and falling to 0 only as p does:
-    a weight that sets aside the problems never solved and treats every other one alike."""
-    return 1 - (1 - p) ** k
-
-
-def decay_factor(elapsed_versions, half_life_versions: float):
-    """0.5 ^ (elapsed / half_life): the weight left on an outcome ``elapsed`` versions old."""
-    return 0.5 ** (np.asarray(elapsed_versions) / half_life_versions)
-
-
 def gumbel_keys(log_weights, rng: np.random.Generator):
     """k_i = log w_i + G_i, G_i ~ Gumbel(0, 1). Taking the k largest keys samples k items
     without replacement with probability proportional to w (the Gumbel-top-k trick)."""
@@ -61,41 +41,17 @@ def exponential_clock(now: float, rates, rng: np.random.Generator):
     return now + rng.exponential(size=rates.shape) / rates
 
 
-def periodic_clock(now: float, rates, rng: np.random.Generator):
-    """t = now + (1/2 + U) / w, U ~ Uniform(0, 1): a clock of period 1/w that rings between half
-    a period and one and a half after it is set, one period on average. A problem re-armed after
-    each ring is picked in proportion to w, as with ``exponential_clock``, but at evenly spaced
-    times (not exponential gaps): with equal rates every problem about once per pass, as in a
-    data loader's shuffled epochs. A float ``rates`` gives a float."""
-    if isinstance(rates, float):
-        return now + (0.5 + rng.random()) / rates
-    rates = np.asarray(rates, dtype=np.float64)
-    return now + (0.5 + rng.random(size=rates.shape)) / rates
-
-
-def first_pass_clock(now: float, deadline: float, m: int, rng: np.random.Generator) -> float:
-    """t = now + (D - now)(1 - U^(1/m)), U ~ Uniform(0, 1): the first ring of m clocks that each
-    ring once at a uniform time in [now, D) (the smallest of m uniforms): when the next of m
-    never-tried problems is due if each is to be tried once before the pass ends at D. Drawn
-    again after each ring with one fewer, it gives every one of them a ring by D, in random
-    order, as a data loader's first epoch does."""
-    return now + max(deadline - now, 0.0) * (1.0 - rng.random() ** (1.0 / m))
-
-
 def rollout_age(learner_version, rollout_version):
     """age = learner version - the policy version that generated the rollout; a rollout
     with age > tau_max is never trained on."""
     return learner_version - rollout_version
 
 
-def group_advantages(rewards, eps: float = 1e-6, scale_by_std: bool = True) -> list[float]:
-    """A_i = (r_i - mean(r)) / (std(r) + eps) within one group (population std), GRPO's; without
-    ``scale_by_std`` A_i = r_i - mean(r), Dr. GRPO's (arXiv 2503.20783), under which a {0, 1}
-    group's update grows with its reward spread instead of every group with a signal weighing
-    alike. Frozen when the group is accepted and never recomputed for replay."""
+def group_advantages(rewards, eps: float = 1e-6) -> list[float]:
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within one group (population std), GRPO's.
+    Frozen when the group is accepted and never recomputed for replay."""
     r = np.asarray(rewards, dtype=np.float64)
-    centred = r - r.mean()
-    return (centred / (r.std() + eps) if scale_by_std else centred).tolist()
+    return ((r - r.mean()) / (r.std() + eps)).tolist()
 
 
 def has_signal(rewards) -> bool:

@@ -44,19 +44,15 @@ def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accura
     return True
 
 
-PRIORITY_LABELS = {"variance": "priority p(1-p)", "signal": "priority: chance of a signal, 1 - p^G - (1-p)^G",
-                   "solvable": "priority: chance of a success, 1 - (1-p)^G"}  # per scheduler.priority.weight
-
-
-def priority_histogram(priorities, success_rates, out_uri: str, title: str = "scheduler", weight: str = "variance") -> None:
-    """Two panels: the distribution of problem priority (``weight``: p(1-p), up to 1/4, or a
-    chance, up to 1), and of observed success rates."""
+def priority_histogram(priorities, success_rates, out_uri: str, title: str = "scheduler") -> None:
+    """Two panels: the distribution of problem priority p(1-p) (up to 1/4), and of observed
+    success rates."""
     plt = pyplot()
     import numpy as np
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
-    counts, _, _ = a.hist(priorities, bins=40, range=(0, 0.25 if weight == "variance" else 1), color="tab:blue")
-    a.set_xlabel(PRIORITY_LABELS[weight], fontsize=8)
+    counts, _, _ = a.hist(priorities, bins=40, range=(0, 0.25), color="tab:blue")
+    a.set_xlabel("priority p(1-p)", fontsize=8)
     a.set_ylabel("problems")
     if counts.any():  # a log axis needs a bar to scale
         a.set_yscale("log")

@@ -1,33 +1,30 @@
 """Reward functions, chosen by config as ``module:function(completion, answer) -> float``.
 
-Built in: ``prl.tasks.addition:exact_match`` (the built-in task),
-``prl.producers.rewards:math_verify`` (free-form math answers, boxed or final-answer, checked for
-equivalence with math-verify) and ``prl.producers.rewards:reasoning_gym`` (problems made by
-``prl data reasoning-gym``, scored by the generator's own checker). A reward that raises, returns a non-number or runs past
-``producer.reward_timeout_s`` counts as 0.0 and is counted; the producer goes on.
+Built in: ``prl.tasks.addition:exact_match`` (the built-in task), ``prl.rewards:math_verify``
+(free-form math answers, boxed or final-answer, checked for equivalence with math-verify) and
+``prl.rewards:reasoning_gym`` (problems made by ``prl data reasoning-gym``, scored by the
+generator's own checker). A reward that raises, returns a non-number or runs past
+``REWARD_TIMEOUT_S`` counts as 0.0 and is counted; the producer goes on (a reward that needs
+longer, such as running code, enforces its own limit).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
-import importlib
 import json
 import math
 import re
 from typing import Callable
 
 RewardFn = Callable[[str, str], float]
+REWARD_TIMEOUT_S = 10.0
 
 
 def load_reward(spec: str) -> RewardFn:
-    module, _, name = spec.partition(":")
-    if not name:
-        raise ValueError(f"reward {spec!r}: expected module:function")
-    fn = getattr(importlib.import_module(module), name, None)
-    if not callable(fn):
-        raise ValueError(f"reward {spec!r}: {name} is not a function of {module}")
-    return fn
+    from prl.plugins import load
+
+    return load(spec, "producer.reward")
 
 
 def math_verify(completion: str, answer: str) -> float:
@@ -93,7 +90,7 @@ def reasoning_gym(completion: str, answer: str) -> float:
 class RewardRunner:
     """Scores completions with a time limit per call, on one worker thread."""
 
-    def __init__(self, fn: RewardFn, timeout_s: float):
+    def __init__(self, fn: RewardFn, timeout_s: float = REWARD_TIMEOUT_S):
         self.fn, self.timeout_s = fn, timeout_s
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
         self.errors = self.timeouts = 0

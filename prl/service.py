@@ -36,7 +36,7 @@ class Service:
         self.transport = transport
         self.metrics = metrics
         self.log = structlog.get_logger(self.name).bind(service=self.name)
-        self.signer = Signer(cfg.transport.signed_kinds, cfg.transport.key_env_prefix)
+        self.signer = Signer(cfg.transport.signed_kinds)
         for kind in set(self.reads + self.writes) & set(cfg.transport.signed_kinds):
             try:
                 self.signer.require(kind)
@@ -120,12 +120,13 @@ class Service:
     def close(self) -> None:
         self.publisher.close()
 
-    def run(self, stop: threading.Event | None = None, http_port: int = 0, http_host: str = "127.0.0.1") -> None:
-        """Step until finished or ``stop``; serve /health and /metrics on ``http_host:http_port`` if a port is set."""
+    def run(self, stop: threading.Event | None = None, http: str = "") -> None:
+        """Step until finished or ``stop``; serve /health and /metrics on ``http`` (host:port) if given."""
         from prl.status import StatusServer
 
         stop = stop or threading.Event()
-        status = StatusServer(self, http_port, host=http_host) if http_port else None
+        host, _, port = http.rpartition(":")
+        status = StatusServer(self, int(port), host=host.strip("[]")) if http else None
         backoff = 0.5
         try:
             while not stop.is_set():

@@ -202,12 +202,15 @@ def candidates(root: str, prefix: str) -> list[str]:
     return out
 
 
-def first_readable(uris: list[str], read, what: str):
+def first_readable(uris: list[str], read, what: str, fatal: tuple = ()):
     """``(uri, read(uri))`` for the first of ``uris`` that reads without error (checksums
-    verify, files parse); each one skipped is logged in one line naming it. None if none reads."""
+    verify, files parse); each one skipped is logged in one line naming it. None if none reads.
+    An error of a ``fatal`` kind is raised at once (one no older version would mend)."""
     for uri in uris:
         try:
             return uri, read(uri)
+        except fatal:
+            raise
         except Exception as exc:  # a torn, tampered or unparsable version: fall back to an older one
             log.warning(f"{what}_unusable", uri=uri, error=f"{type(exc).__name__}: {str(exc)[:200]}")
     return None

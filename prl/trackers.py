@@ -53,7 +53,7 @@ class WandbTracker:
 
         mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         self.wandb = wandb
-        self.run = wandb.init(project=cfg.run.wandb_project, group=cfg.run.name, name=f"{cfg.run.name}-{name}",
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "prl"), group=cfg.run.name, name=f"{cfg.run.name}-{name}",
                               dir=local_dir(cfg.run.run_dir, "."), mode=mode, config={"toml": dump_toml(cfg)},
                               reinit="create_new", settings=wandb.Settings(silent=True, console="off"))
 

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 SCHEMES = ("file", "s3", "gs", "gcs", "az", "abfs", "memory")
 SIGNATURE_HEADER = "signature"
+KEY_ENV_PREFIX = "PRL_KEY_"  # the key of kind K is in the environment variable PRL_KEY_<K>
 
 
 class KeyMissing(ValueError):
@@ -68,7 +69,7 @@ def checkpoint_problem(uri: str, run_dir: str, version: int) -> str | None:
 class Signer:
     """HMAC-SHA256 signatures for the record kinds configured (``transport.signed_kinds``)."""
 
-    def __init__(self, kinds: list[str], key_env_prefix: str = "PRL_KEY_", env=os.environ):
+    def __init__(self, kinds: list[str], key_env_prefix: str = KEY_ENV_PREFIX, env=os.environ):
         self.keys: dict[str, bytes] = {}
         for kind in kinds:
             name = f"{key_env_prefix}{kind.upper()}"

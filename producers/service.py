@@ -3,17 +3,19 @@
 Loop, top to bottom:
   1. load the newest valid policy the learner announced (at start: read the policy topic to
      its end first); announcements that fail a check are dead-lettered;
-  2. poll up to ``max_dispatches_per_call`` dispatches, lingering ``linger_ms`` to fill the call
+  2. poll up to ``max_dispatches_per_call`` dispatches, lingering ``LINGER_S`` to fill the call
      (consumer group: producers share them);
   3. generate G completions for each in one engine call;
   4. score each completion with the reward function;
   5. publish one RolloutGroup per dispatch, carrying the loaded policy version (a group
-     without a signal as its rewards only, if producer.drop_zero_signal_completions);
+     without a signal as its rewards only, with producer.drop_zero_signal_completions);
   6. wait for the broker's acknowledgement, then commit the dispatch offsets.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 from prl.formulas import has_signal
@@ -27,6 +29,7 @@ from prl.schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup
 from prl.schemas.topics import POLICY, PROBLEMS, ROLLOUTS
 
 CATCH_UP_S = 30.0  # at start, read the policy topic to its end (at most this long) before generating
+LINGER_S = 0.05  # after the first dispatch arrives, wait this long for more to fill the generation call
 
 
 def rewards_only(rollouts: list[Rollout]) -> list[Rollout]:
@@ -34,19 +37,26 @@ def rewards_only(rollouts: list[Rollout]) -> list[Rollout]:
     return [Rollout([], [], r.reward, r.finish_reason) for r in rollouts]
 
 
+def default_producer_id() -> str:
+    """The host name and process id: a pod's name on Kubernetes, unique on one machine."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 class Producer(Service):
     name = "producer"
     reads, writes = (PROBLEMS, POLICY), (ROLLOUTS,)
 
-    def __init__(self, cfg, transport, metrics=None, backend=None):
+    def __init__(self, cfg, transport, metrics=None, backend=None, producer_id: str | None = None):
+        """``producer_id``: the name in rollouts and logs (`prl producer --id`; default the host
+        name and process id, a pod's name on Kubernetes)."""
         super().__init__(cfg, transport, metrics)
-        if cfg.producer.threads:
+        if cfg.run.threads:
             import torch
 
-            torch.set_num_threads(cfg.producer.threads)
+            torch.set_num_threads(cfg.run.threads)
         self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype)
-        self.reward = RewardRunner(load_reward(cfg.producer.reward), cfg.producer.reward_timeout_s)
-        self.producer_id = cfg.producer.producer_id
+        self.reward = RewardRunner(load_reward(cfg.producer.reward))
+        self.producer_id = producer_id or default_producer_id()
         self.log = self.log.bind(producer_id=self.producer_id)
         self.expected_shapes = base_weight_shapes(resolve_model_dir(cfg.model.path))
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
@@ -55,15 +65,17 @@ class Producer(Service):
 
     def step(self) -> bool:
         self.maybe_reload()
-        if self.cfg.run.finish_with_learner and self.backend.version >= self.cfg.learner.max_steps:
+        if self.backend.version >= self.cfg.learner.max_steps:
             self.log.info("learner_finished", policy_version=self.backend.version)
             return True  # the last policy is loaded: nothing more to generate for
         msgs = self.poll_dispatches()
         dispatches = [d for d in (self.decode_or_dead_letter(m, Dispatch) for m in msgs) if d is not None]
         if dispatches:
-            for group in self.rollout_groups(dispatches):
+            groups = self.rollout_groups(dispatches)
+            for group in groups:
                 self.send(ROLLOUTS, group, key=group.problem_id.encode())
             self.publisher.flush()
+            self.emit(self.call_metrics(groups), policy_version=self.backend.version)
         if msgs:
             self.dispatches.commit()
         return False
@@ -73,7 +85,7 @@ class Producer(Service):
         for more, since one engine call with many prompts costs little more than one with a few."""
         limit = self.cfg.producer.max_dispatches_per_call
         msgs = self.dispatches.poll(self.poll_s, max_records=limit)
-        deadline = time.monotonic() + self.cfg.producer.linger_ms / 1000
+        deadline = time.monotonic() + LINGER_S
         while msgs and len(msgs) < limit and (left := deadline - time.monotonic()) > 0:
             msgs += self.dispatches.poll(left, max_records=limit - len(msgs))
         return msgs
@@ -167,6 +179,16 @@ class Producer(Service):
         self.counters["reward_errors"] = self.reward.errors
         self.counters["reward_timeouts"] = self.reward.timeouts
         return groups
+
+    def call_metrics(self, groups: list[RolloutGroup]) -> dict:
+        """One generation call: its groups, completions and tokens, and the engine's time."""
+        served = [g for g in groups if not g.error]
+        tokens = sum(len(r.completion_ids) for g in served for r in g.rollouts)
+        seconds = sum(g.generate_seconds for g in served)
+        return {"groups": len(groups), "completions": sum(len(g.rollouts) for g in served), "completion_tokens": tokens,
+                "generate_seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
+                "mean_reward": sum(r.reward for g in served for r in g.rollouts) / max(1, sum(len(g.rollouts) for g in served)),
+                **self.counters}
 
     def gauges(self) -> dict:
         return {**self.counters, "policy_version": self.backend.version}

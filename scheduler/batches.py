@@ -19,9 +19,9 @@ from prl.scheduler.replay import BANDS, ReplayBuffer, success_band
 from prl.schemas import RolloutGroup, TrainBatch, TrainRollout
 
 
-def train_rollouts(group: RolloutGroup, advantage_std: bool = True) -> list[TrainRollout]:
+def train_rollouts(group: RolloutGroup) -> list[TrainRollout]:
     """The group's rollouts with their frozen group-relative advantages."""
-    advantages = group_advantages(group.rewards, scale_by_std=advantage_std)
+    advantages = group_advantages(group.rewards)
     return [
         TrainRollout(
             f"{group.dispatch_id}/{i}", group.problem_id, group.policy_version, False, a, r.reward,
@@ -57,7 +57,6 @@ def compose_batch(
     replay_ratio: float = 0.0,
     warmup_updates: int = 0,
     drop_zero_signal: bool = False,
-    advantage_std: bool = True,
 ) -> Composition:
     """A fresh-anchored batch: the fresh groups no older than ``tau_max`` at
     ``learner_version`` (the version that will train the batch) and, if any, a replayed
@@ -67,7 +66,7 @@ def compose_batch(
                       for r in g.rollouts]
     stale_tokens = (sum(len(r.completion_ids) for r in stale_rollouts), len(stale_rollouts))
     kept, leftover, tokens = fit_token_budget(fresh_groups, max_tokens)
-    fresh = [r for g in kept for r in train_rollouts(g, advantage_std)]
+    fresh = [r for g in kept for r in train_rollouts(g)]
     replay: list[TrainRollout] = []
     if buffer is not None:
         buffer.evict_stale(learner_version, tau_max)

@@ -1,54 +1,32 @@
-"""Problem-level prioritized sampling (arXiv 2601.02648): priority p(1-p), retest pools.
+"""Problem-level prioritized sampling (seed A, arXiv 2601.02648): priority p(1-p), retest pools.
 
-State lives in flat typed arrays indexed by a dense problem index (array.array, shared
-with numpy views for vectorised work), not in one Python object per problem.
+State lives in flat typed arrays indexed by a dense problem index (array.array with numpy
+views for vectorised work), not in one Python object per problem.
 
-- **Estimate.** p = (s + a) / (n + a + b) (``prl.formulas.success_estimate``), s and n the
-  successes and attempts, decayed *on read* by ``half_life_versions``, so a problem without
-  new results drifts back toward its prior; (a, b) is a flat Beta(alpha, beta) or the
-  problem's group rate as ``pseudo_count`` attempts. The group rate counts each problem's
-  *first* group only: an estimate of how a never-tried problem of the group does, which
-  retests of the group's hard problems cannot drive down; before any first visit it stands at
-  the group's starting rate (1/2, or the model's own expected success for answer-likelihood
-  groups, ``score_start``) with the weight of ``group_start_weight`` attempts (2: Beta(1, 1)).
-  ``pooled`` is the group prior with one group of every problem: no label, an unseen problem
-  at the pool's own first-visit rate (empirical Bayes) rather than at p = 1/2, the maximum of
-  p(1-p). (Its never-tried problems still share one clock of rate m x priority, so a mostly
-  untried pool is still mostly drawn from its untried problems: measured, no faster than the
-  flat prior.)
-- **Priority** p(1-p) (``prl.formulas.bernoulli_variance``), or with ``weight = "signal"``
-  the chance that a group of G has a signal, 1 - p^G - (1-p)^G
-  (``prl.formulas.signal_probability``): nearly as high at p = 0.8 (0.83) as at 1/2 (0.99), so
-  the sampler keeps training nearly-solved problems instead of concentrating on p = 1/2; or
-  with ``weight = "solvable"`` the chance that a group solves it at least once, 1 - (1-p)^G
-  (``prl.formulas.pass_at_k``): only problems that look never solved are set aside; over
-  ``solvable_groups`` = n groups, 1 - (1-p)^(nG), every problem that may be solved weighs alike.
-- **Sampling in proportion to priority** (``gumbel`` mode), whatever the call size and
-  history: every choosable problem holds an exponential clock in virtual time; a clock set
-  at time t with rate w rings at t + E/w (E ~ Exp(1), ``prl.formulas.exponential_clock``),
-  and each pick is the next clock to ring, which moves virtual time there. By
+- **Estimate.** p = (s + a) / (n + a + b) (``prl.formulas.success_estimate``) from s successes
+  in n attempts, with a Beta(a, b) prior of ``pseudo_count`` attempts at the problem's group
+  rate. The group rate counts each problem's *first* group only (an estimate of how a
+  never-tried problem of the group does, which retests of its hard problems cannot drive
+  down), and starts at 1/2 with the weight of two attempts (Beta(1, 1)). Without a label every
+  problem is in one group: an unseen problem is expected to do as the pool's problems did on
+  their first visit (empirical Bayes), not to sit at p = 1/2, the maximum of p(1-p), forever.
+  With ``task.group_field`` the dataset's column names the groups.
+- **Priority** p(1-p) (``prl.formulas.bernoulli_variance``): zero for always- and
+  never-solved problems, largest at p = 1/2.
+- **Sampling in proportion to priority**, whatever the call size: every choosable problem
+  holds an exponential clock in virtual time, set at t with rate w to ring at t + E/w
+  (``prl.formulas.exponential_clock``), and each pick is the next clock to ring. By
   memorylessness the next ring is problem i with probability w_i / sum(w) among the problems
-  choosable at that moment, however long each has waited; a clock is reset whenever its
-  problem's rate changes. A min-heap with lazy invalidation holds the clocks. The m
-  never-tried problems of a group share one rate w and so one clock of rate m w (their
-  first ring). ``periodic`` mode gives each tried problem a clock that rings once per period
-  1/w instead (``prl.formulas.periodic_clock``): the same shares, at evenly spaced times,
-  so equal priorities draw the pool in shuffled passes once every problem has been tried. Its
-  first looks come from the never-tried clock of rate m w, as independent draws (a pass's worth
-  of picks leaves about a third of a pool of equal weights untried); with ``unseen_clock =
-  "periodic"`` each never-tried problem is due once within one period 1/w instead, at a uniform
-  time (``prl.formulas.first_pass_clock``, one clock per group still), so the first look at the
-  pool is a pass too. ``greedy`` mode pops the highest priority instead.
-- **Never-tried floor.** At least ``unseen_share`` of the dispatches go to never-tried
-  problems while any remain, round-robin over groups: every problem is dispatched within
-  pool size / (unseen_share x dispatches per round) rounds, whatever its group's rate.
-- **Retest.** A problem whose last ``retest_after`` groups were all solved (all failed) goes
-  to the solved (unsolved) pool, out of the heap (the streak is counted in completions, so a
-  screen of s completions, ``scheduler.screen_size``, counts as s / G of a group). Every
-  ``retest_interval`` learner versions ``retest_share`` of each pool, longest-untested
-  first, is queued; retests take at most ``retest_cap`` of all dispatches (the rest wait in
-  the queue), and when nothing else is choosable the queue and pools are served regardless.
-  A changed result returns the problem to the heap.
+  choosable then; a clock is reset when its rate changes. A min-heap with lazy invalidation
+  holds the clocks (seed A's heap, in its stochastic mode). The m never-tried problems of a
+  group share one clock of rate m w, so an untried pool costs one heap entry per group.
+- **Never-tried floor.** At least ``UNSEEN_SHARE`` of dispatches go to never-tried problems
+  while any remain, round-robin over groups: no problem starves, whatever its group's rate.
+- **Retest.** A problem whose last group of G completions was all solved (all failed) goes
+  to the solved (unsolved) pool, out of the heap. Every ``retest_interval`` learner versions
+  ``RETEST_SHARE`` of each pool, longest-untested first, is queued; retests take at most
+  ``RETEST_CAP`` of dispatches, and when nothing else is choosable the pools are served
+  regardless. A changed result returns the problem to the heap.
 """
 
 from __future__ import annotations
@@ -60,11 +38,14 @@ from collections import deque
 
 import numpy as np
 
-from prl.formulas import (bernoulli_variance, decay_factor, exponential_clock, first_pass_clock, pass_at_k, periodic_clock, signal_probability,
-                          success_estimate)
-from prl.scheduler.snapshot import expect_state
+from prl.formulas import bernoulli_variance, exponential_clock, success_estimate
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
+STATES = ("choosable", "in flight", "in the solved pool", "in the unsolved pool", "queued for retest", "retired")
+GROUP_START_WEIGHT = 2.0  # a group's rate starts at 1/2 with the weight of two attempts: Beta(1, 1)
+UNSEEN_SHARE = 0.1  # at least this share of dispatches goes to never-tried problems while any remain
+RETEST_SHARE = 0.1  # share of each pool queued per retest round
+RETEST_CAP = 0.2  # retests take at most this share of dispatches
 MIN_RATE = 1e-12  # a clock of rate 0 would never ring
 
 
@@ -74,22 +55,18 @@ def _typed(code: str, n: int, value=0) -> tuple[array, np.ndarray]:
 
 
 class PrioritySampler:
-    ARRAYS = ("group", "successes", "attempts", "updated_at", "last_tested", "streak", "state", "stamp")
-    CODES = {"group": "i", "successes": "f", "attempts": "f", "updated_at": "i", "last_tested": "i",
-             "streak": "i", "state": "B", "stamp": "I"}
+    """``scheduler.strategy = "priority"``: next / observe_many / on_version / retire / release,
+    state_dict / load_state_dict / check_state, metrics (scheduler/samplers.py: the interface)."""
 
-    def __init__(self, groups, cfg, seed: int = 0, group_start=None, group_size: int = 8):
-        """``groups[i]``: the prior group (e.g. difficulty) of problem i, small ints >= 0;
-        ``group_start[g]``: group g's rate before any first visit (default 1/2);
+    zero_variance_filter = True  # a group whose rewards are all equal is counted, not trained
+    ARRAYS = ("group", "successes", "attempts", "last_tested", "streak", "state", "stamp")
+    CODES = {"group": "i", "successes": "f", "attempts": "f", "last_tested": "i", "streak": "i", "state": "B", "stamp": "I"}
+
+    def __init__(self, groups, pseudo_count: float = 2.0, retest_interval: int = 10, seed: int = 0, group_size: int = 8):
+        """``groups[i]``: the prior group of problem i (small ints >= 0, all 0 without a label);
         ``group_size``: completions of a whole group (G), the retest streak's unit."""
         groups = np.asarray(groups, dtype=np.int32)
-        if cfg.prior in ("pooled", "flat"):
-            # one group: no label reaches the sampler, not even the never-tried floor's
-            # round-robin, which would otherwise balance first visits across the labels
-            groups = np.zeros_like(groups)
-        self.cfg = cfg
-        self.group_size = group_size
-        self.shared_prior = cfg.prior != "flat"  # the prior is a group's rate
+        self.pseudo_count, self.retest_interval, self.group_size = pseudo_count, retest_interval, group_size
         self.n = n = len(groups)
         self.rng = np.random.default_rng(seed)
         for name, code in self.CODES.items():
@@ -100,16 +77,11 @@ class PrioritySampler:
         self.num_groups = int(groups.max()) + 1 if n else 0
         self.group_successes = np.zeros(self.num_groups)  # first groups of each problem only
         self.group_attempts = np.zeros(self.num_groups)
-        self.start_given = group_start is not None
-        self.group_start = np.full(self.num_groups, 0.5) if group_start is None else \
-            np.clip(np.asarray(group_start, dtype=float), 0.0, 1.0)
         self.unseen_order = [array("i", self.rng.permutation(np.flatnonzero(groups == g)).astype(np.int32).tobytes())
                              for g in range(self.num_groups)]
         self.unseen_pos = [0] * self.num_groups
         self.group_stamp = [0] * self.num_groups
-        self.unseen_w = [0.0] * self.num_groups  # priority of one never-tried problem per group, as last armed
-        self.unseen_deadline = [0.0] * self.num_groups  # when the group's first pass ends (read by unseen_clock = periodic)
-        self.heap: list[tuple[float, int, int]] = []  # (key, stamp, id): id >= 0 a problem, id < 0 a group's unseen
+        self.heap: list[tuple[float, int, int]] = []  # (ring time, stamp, id): id >= 0 a problem, id < 0 a group's unseen
         self.now = 0.0  # virtual time of the clocks
         self.pools = {SOLVED: deque(), UNSOLVED: deque()}
         self.retest_queue: deque[int] = deque()
@@ -119,57 +91,38 @@ class PrioritySampler:
         self._arm_groups(range(self.num_groups))
 
     # -- estimates ------------------------------------------------------------------
-    def group_rate(self, g) -> float | np.ndarray:
-        """Group g's first-visit rate, from a Beta prior of ``group_start_weight`` attempts at its
-        starting rate."""
-        start, weight = self.group_start[g], self.cfg.group_start_weight
-        return success_estimate(self.group_successes[g], self.group_attempts[g], weight * start, weight * (1 - start))
+    def group_rate(self, g):
+        """Group g's first-visit success rate (a Beta(1, 1) start of two attempts)."""
+        start = GROUP_START_WEIGHT / 2
+        return success_estimate(self.group_successes[g], self.group_attempts[g], start, start)
 
     def prior(self, idx) -> tuple:
-        """(a, b): the Beta prior of problems ``idx``."""
-        if self.shared_prior:
-            rates = self.group_rate(self._group_np[idx])
-            return self.cfg.pseudo_count * rates, self.cfg.pseudo_count * (1 - rates)
-        return self.cfg.alpha, self.cfg.beta
+        """(a, b): the Beta prior of problems ``idx``, ``pseudo_count`` attempts at their group's rate."""
+        rates = self.group_rate(self._group_np[idx])
+        return self.pseudo_count * rates, self.pseudo_count * (1 - rates)
 
     def priorities(self, idx: np.ndarray | None = None) -> np.ndarray:
-        """Current priority (``weight``) of problems ``idx`` (default: all), counts decayed to the
-        current version."""
+        """Current priority p(1-p) of problems ``idx`` (default: all)."""
         sel = slice(None) if idx is None else idx
-        s, n = self._successes_np[sel], self._attempts_np[sel]
-        if self.cfg.half_life_versions > 0:
-            f = decay_factor(np.maximum(self.version - self._updated_at_np[sel], 0), self.cfg.half_life_versions)
-            s, n = s * f, n * f
-        return self.weight(success_estimate(s, n, *self.prior(sel)))
-
-    def weight(self, p):
-        """A problem's priority from its success estimate p (``cfg.weight``): p(1-p), the chance
-        that its next group has a signal, or the chance that its next ``solvable_groups`` groups solve
-        the problem at least once."""
-        if self.cfg.weight == "signal":
-            return signal_probability(p, self.group_size)
-        if self.cfg.weight == "solvable":
-            return pass_at_k(p, self.cfg.solvable_groups * self.group_size)
-        return bernoulli_variance(p)
+        return bernoulli_variance(success_estimate(self._successes_np[sel], self._attempts_np[sel], *self.prior(sel)))
 
     def priority(self, i: int) -> float:
         return float(self.priorities(np.asarray([i]))[0])
 
     def unseen_priority(self, g: int) -> float:
-        p = self.group_rate(g) if self.shared_prior else success_estimate(0, 0, self.cfg.alpha, self.cfg.beta)
-        return float(self.weight(p))
+        return float(bernoulli_variance(self.group_rate(g)))
 
     def unseen_left(self, g: int) -> int:
         return len(self.unseen_order[g]) - self.unseen_pos[g]
 
-    # -- the sampler interface ------------------------------------------------------
-    def next(self, k: int, busy: set[int] | None = None) -> list[int]:
+    # -- choosing ---------------------------------------------------------------------
+    def next(self, k: int, busy=None) -> list[int]:
         """Up to k problems: due retests within the cap, the never-tried floor, then the
-        clocks; retests beyond the cap only when nothing else is choosable. ``busy`` is not
-        needed (the sampler tracks what is in flight); kept for parity with the uniform one."""
+        clocks; retests beyond the cap only when nothing else is choosable. (The sampler
+        knows what is in flight; ``busy`` is not needed.)"""
         total = self.dispatched + k
-        out = self._due_retests(min(k, math.floor(self.cfg.retest_cap * total) - self.retests_dispatched))
-        out += self._unseen_floor(min(k - len(out), math.ceil(self.cfg.unseen_share * total) - self.unseen_dispatched))
+        out = self._due_retests(min(k, math.floor(RETEST_CAP * total) - self.retests_dispatched))
+        out += self._unseen_floor(min(k - len(out), math.ceil(UNSEEN_SHARE * total) - self.unseen_dispatched))
         out += self._from_clocks(k - len(out))
         out += self._retest_early(k - len(out))
         self.dispatched += len(out)
@@ -204,8 +157,7 @@ class PrioritySampler:
                 continue  # stale entry: lazy invalidation
             if ident < 0 and (st != self.group_stamp[-ident - 1] or not self.unseen_left(-ident - 1)):
                 continue
-            if self.cfg.mode != "greedy":
-                self.now = max(self.now, key)
+            self.now = max(self.now, key)
             out.append(self._take(ident) if ident >= 0 else self._take_unseen(-ident - 1))
         return out
 
@@ -234,6 +186,7 @@ class PrioritySampler:
         self._arm_unseen(g)  # one fewer never-tried problem: the group's clock rate changed
         return self._take(i)
 
+    # -- observing --------------------------------------------------------------------
     def observe(self, i: int, rewards, version: int) -> None:
         """Record one returned group's rewards for problem i."""
         self.observe_many([i], [sum(1 for r in rewards if r > 0)], [len(rewards)], version)
@@ -245,56 +198,45 @@ class PrioritySampler:
         solved = np.asarray(solved, dtype=np.float32)
         attempts = np.asarray(attempts, dtype=np.float32)
         self.version = max(self.version, version)
-        if self.cfg.half_life_versions > 0:  # stored counts are brought to this version before adding
-            elapsed = np.maximum(version - self._updated_at_np[idx], 0)
-            factor = decay_factor(elapsed, self.cfg.half_life_versions)
-            self._successes_np[idx] *= factor
-            self._attempts_np[idx] *= factor
-        self._updated_at_np[idx] = np.maximum(self._updated_at_np[idx], version)
         self._count_first_groups(idx, solved, attempts)
         np.add.at(self._successes_np, idx, solved)
         np.add.at(self._attempts_np, idx, attempts)
         self._last_tested_np[idx] = version
         self._route(idx, solved, attempts)
 
-    def _leave_unseen(self, idx) -> None:
-        """Problems with a first result that were never dispatched (a result this sampler did not
-        ask for: an offline replay of a log, a test's setup) are tried now: each leaves its group's
-        never-tried order, swapped with the next one due and passed, so no later pick returns it
-        from there as well as from the heap. The scheduler service observes only its own
-        dispatches, which left that order when they were taken: for them this does nothing."""
-        for i in idx.tolist():
-            g = int(self._group_np[i])
-            order, pos = np.frombuffer(self.unseen_order[g], dtype=np.int32), self.unseen_pos[g]
-            found = np.flatnonzero(order[pos:] == i)
-            if len(found):
-                j = pos + int(found[0])
-                order[j], order[pos] = order[pos], i
-                self.unseen_pos[g] += 1
-                self._arm_unseen(g)  # one fewer never-tried problem: the group's clock rate changed
-
     def _count_first_groups(self, idx, solved, attempts) -> None:
-        """First results: counted in their group's first-visit rate (a problem's first result not
-        asked for by a dispatch also takes it out of the never-tried order, ``_leave_unseen``)."""
+        """First results count in their group's first-visit rate. A first result this sampler
+        did not ask for (an offline replay of a log, a test's setup) also takes the problem out
+        of its group's never-tried order, so no later pick returns it from there as well."""
         first = self._last_tested_np[idx] < 0
-        if first.any():
-            self._leave_unseen(idx[first & (self._state_np[idx] == HEAP)])
-            groups = self._group_np[idx[first]]
-            self.group_successes += np.bincount(groups, solved[first], self.num_groups)
-            self.group_attempts += np.bincount(groups, attempts[first], self.num_groups)
-            if self.shared_prior:
-                self._arm_groups(np.unique(groups).tolist())
+        if not first.any():
+            return
+        for i in idx[first & (self._state_np[idx] == HEAP)].tolist():
+            self._leave_unseen(i)
+        groups = self._group_np[idx[first]]
+        self.group_successes += np.bincount(groups, solved[first], self.num_groups)
+        self.group_attempts += np.bincount(groups, attempts[first], self.num_groups)
+        self._arm_groups(np.unique(groups).tolist())
+
+    def _leave_unseen(self, i: int) -> None:
+        g = int(self._group_np[i])
+        order, pos = np.frombuffer(self.unseen_order[g], dtype=np.int32), self.unseen_pos[g]
+        found = np.flatnonzero(order[pos:] == i)
+        if len(found):  # swapped with the next one due, and passed
+            j = pos + int(found[0])
+            order[j], order[pos] = order[pos], i
+            self.unseen_pos[g] += 1
 
     def _route(self, idx, solved, attempts) -> None:
-        """All solved (all failed) ``retest_after`` groups' worth of completions in a row: to
-        the solved (unsolved) pool; otherwise back to the heap with a fresh clock."""
+        """All solved (all failed) for a whole group's worth of completions in a row: to the
+        solved (unsolved) pool; otherwise back to the heap with a fresh clock."""
         streak = self._streak_np[idx].astype(np.int64)
         n = attempts.astype(np.int64)
         all_solved, all_failed = solved == attempts, solved == 0
         streak = np.where(all_solved, np.where(streak > 0, streak + n, n),
                           np.where(all_failed, np.where(streak < 0, streak - n, -n), 0))
         self._streak_np[idx] = np.clip(streak, -(1 << 30), 1 << 30)
-        k = self.cfg.retest_after * self.group_size if self.cfg.retest else 1 << 30
+        k = self.group_size if self.retest_interval else 1 << 30
         for pool, members in ((SOLVED, idx[streak >= k]), (UNSOLVED, idx[streak <= -k])):
             self._state_np[members] = pool
             self.pools[pool].extend(members.tolist())  # after its test: longest-untested first
@@ -310,14 +252,11 @@ class PrioritySampler:
             self._arm(np.asarray([i]))
 
     def on_version(self, version: int) -> None:
-        """The learner's version moved: decayed rates change (clocks are reset), and retests
-        are queued when a retest interval has passed."""
+        """The learner's version moved: queue retests when a retest interval has passed."""
         if version <= self.version:
             return
         self.version = version
-        if self.cfg.half_life_versions > 0:
-            self._arm(np.flatnonzero((self._state_np == HEAP) & (self._last_tested_np >= 0)))
-        if self.cfg.retest and self.version - self.last_retest_version >= self.cfg.retest_interval:
+        if self.retest_interval and self.version - self.last_retest_version >= self.retest_interval:
             self.last_retest_version = self.version
             self._queue_retests()
         self._compact()
@@ -327,23 +266,12 @@ class PrioritySampler:
             live = [i for i in pool if self.state[i] == pool_id]
             pool.clear()
             pool.extend(live)
-            for _ in range(math.ceil(len(pool) * self.cfg.retest_share)):
+            for _ in range(math.ceil(len(pool) * RETEST_SHARE)):
                 i = pool.popleft()
                 self.state[i] = QUEUED
                 self.retest_queue.append(i)
 
     # -- clocks ---------------------------------------------------------------------
-    def _keys(self, rates, shared: bool = False):
-        """Heap keys (smallest pops first): the ring time of a fresh clock, or -priority; a
-        float for a float (one clock, no arrays), else an array. ``shared``: the clock of a
-        group's never-tried problems, exponential in every mode but greedy (m problems share it
-        only because the first of m exponential clocks rings as one of rate m w)."""
-        rates = max(rates, MIN_RATE) if isinstance(rates, float) else np.maximum(rates, MIN_RATE)
-        if self.cfg.mode == "greedy":
-            return -rates
-        clock = periodic_clock if self.cfg.mode == "periodic" and not shared else exponential_clock
-        return clock(self.now, rates, self.rng)
-
     def _arm(self, idx: np.ndarray) -> None:
         """(Re)insert problems into the heap with fresh stamps and clocks."""
         if not len(idx):
@@ -351,40 +279,23 @@ class PrioritySampler:
         self._state_np[idx] = HEAP
         stamps = self._stamp_np[idx] + np.uint32(1)
         self._stamp_np[idx] = stamps
+        rings = exponential_clock(self.now, np.maximum(self.priorities(idx), MIN_RATE), self.rng)
         push, heap = heapq.heappush, self.heap
-        for entry in zip(self._keys(self.priorities(idx)).tolist(), stamps.tolist(), idx.tolist()):
+        for entry in zip(rings.tolist(), stamps.tolist(), idx.tolist()):
             push(heap, entry)
 
     def _arm_groups(self, groups) -> None:
-        """Reset the clock of each group's never-tried problems, their priority w recomputed
-        (the group's rate may have moved)."""
+        """Reset the clock of each group's never-tried problems (the group's rate may have moved)."""
         for g in groups:
-            w_before, self.unseen_w[g] = self.unseen_w[g], self.unseen_priority(g)
-            # kept whatever the clock, so a run resumed with unseen_clock = periodic finds its passes' ends
-            self.unseen_deadline[g] = self._pass_end(g, w_before)
             self._arm_unseen(g)
 
-    def _pass_end(self, g: int, w_before: float) -> float:
-        """When group g's first pass ends: one period 1/w from its first arming; when w moves,
-        what is left of the window is stretched (or shrunk) by w_before / w, so the never-tried
-        problems keep their share of w."""
-        w = max(self.unseen_w[g], MIN_RATE)
-        if w_before <= 0:
-            return self.now + 1.0 / w
-        return self.now + max(self.unseen_deadline[g] - self.now, 0.0) * max(w_before, MIN_RATE) / w
-
     def _arm_unseen(self, g: int) -> None:
-        """Reset group g's never-tried clock at its last priority w: rate m w for m problems
-        (greedy: the key -w). Scalar arithmetic: this runs once per never-tried pick."""
+        """Reset group g's never-tried clock: rate m w for its m never-tried problems."""
         m = self.unseen_left(g)
         self.group_stamp[g] += 1
         if m:
-            w = self.unseen_w[g]
-            if self.cfg.unseen_clock == "periodic":
-                key = first_pass_clock(self.now, self.unseen_deadline[g], m, self.rng)
-            else:
-                key = self._keys(w if self.cfg.mode == "greedy" else m * w, shared=True)
-            heapq.heappush(self.heap, (key, self.group_stamp[g], -g - 1))
+            ring = exponential_clock(self.now, max(m * self.unseen_priority(g), MIN_RATE), self.rng)
+            heapq.heappush(self.heap, (ring, self.group_stamp[g], -g - 1))
 
     def _compact(self) -> None:
         """Drop stale heap entries once they outnumber live ones (bounds memory)."""
@@ -400,20 +311,13 @@ class PrioritySampler:
     def pool_sizes(self) -> dict[str, int]:
         st = self._state_np
         unseen = sum(self.unseen_left(g) for g in range(self.num_groups))
-        return {
-            "heap": int((st == HEAP).sum()) - unseen,
-            "unseen": unseen,
-            "in_flight": int((st == IN_FLIGHT).sum()),
-            "solved_pool": int((st == SOLVED).sum()),
-            "unsolved_pool": int((st == UNSOLVED).sum()),
-            "retest_queued": int((st == QUEUED).sum()),
-            "retired": int((st == RETIRED).sum()),
-        }
+        return {"heap": int((st == HEAP).sum()) - unseen, "unseen": unseen, "in_flight": int((st == IN_FLIGHT).sum()),
+                "solved_pool": int((st == SOLVED).sum()), "unsolved_pool": int((st == UNSOLVED).sum()),
+                "retest_queued": int((st == QUEUED).sum()), "retired": int((st == RETIRED).sum())}
 
     def metrics(self) -> dict:
         return {**self.pool_sizes(), "problems_seen": int((self._attempts_np > 0).sum()),
-                "retest_share": self.retests_dispatched / max(1, self.dispatched),
-                "never_dispatched_share": sum(self.unseen_left(g) for g in range(self.num_groups)) / max(1, self.n)}
+                "retest_share": self.retests_dispatched / max(1, self.dispatched)}
 
     def success_rates(self) -> np.ndarray:
         """Observed success rate of every tested problem (NaN where untested)."""
@@ -421,56 +325,63 @@ class PrioritySampler:
             return np.where(self._attempts_np > 0, self._successes_np / self._attempts_np, np.nan)
 
     def state_dict(self) -> dict:
-        """State as numpy arrays and JSON-able values (no pickle): arrays go to
-        safetensors, the rest to JSON (scheduler/snapshot.py)."""
+        """State as numpy arrays and JSON-able values (no pickle): arrays go to safetensors,
+        the rest to JSON (scheduler/snapshot.py)."""
         heap = np.array(self.heap, dtype=np.float64).reshape(-1, 3)
         return {
-            "sampler": "priority",
-            "groups": self.num_groups,
+            "sampler": "priority", "groups": self.num_groups,
             "arrays": {name: getattr(self, f"_{name}_np").copy() for name in self.ARRAYS},
-            "group_successes": self.group_successes.copy(),
-            "group_attempts": self.group_attempts.copy(),
+            "group_successes": self.group_successes.copy(), "group_attempts": self.group_attempts.copy(),
             "unseen_order": {str(g): np.asarray(o, dtype=np.int32) for g, o in enumerate(self.unseen_order)},
-            "unseen_pos": list(self.unseen_pos),
-            "group_stamp": list(self.group_stamp),
-            "unseen_deadline": list(self.unseen_deadline),
-            "heap_keys": heap[:, 0].copy(),
-            "heap_stamps": heap[:, 1].astype(np.int64),
+            "unseen_pos": list(self.unseen_pos), "group_stamp": list(self.group_stamp),
+            "heap_keys": heap[:, 0].copy(), "heap_stamps": heap[:, 1].astype(np.int64),
             "heap_problems": heap[:, 2].astype(np.int64),
             "solved_pool": np.asarray(self.pools[SOLVED], dtype=np.int64),
             "unsolved_pool": np.asarray(self.pools[UNSOLVED], dtype=np.int64),
             "retest_queue": np.asarray(self.retest_queue, dtype=np.int64),
-            "rng": self.rng.bit_generator.state,
-            "virtual_time": self.now,
+            "rng": self.rng.bit_generator.state, "virtual_time": self.now,
             "counters": [self.version, self.last_retest_version, self.dispatched, self.retests_dispatched,
                          self.unseen_dispatched, self.unseen_cursor],
         }
 
+    def check_state(self, st: dict) -> None:
+        """Raise ValueError naming the field unless ``st`` is a state of this sampler's pool that
+        holds together: every per-problem array and per-group list of the right length, every
+        problem or group it names inside the pool (a snapshot that fails is passed over)."""
+        from prl.scheduler.snapshot import expect_state, expect_inside, expect_sized
+
+        fits = st.get("sampler") == "priority" and (len(st["arrays"]["group"]), st.get("groups")) == (self.n, self.num_groups)
+        labels = f" in {self.num_groups} prior groups" if self.num_groups > 1 else " without a label"
+        expect_state(st, "priority", f"{self.n:,} problems{labels}", fits)
+        groups, heap = self.num_groups, len(st["heap_keys"])
+        if sorted(st["unseen_order"], key=int) != [str(g) for g in range(groups)]:
+            raise ValueError(f"unseen_order is for groups {sorted(st['unseen_order'], key=int)}, not 0..{groups - 1}")
+        expect_sized({**{f"arrays.{k}": (v, self.n) for k, v in st["arrays"].items()},
+                      **{k: (st[k], groups) for k in ("group_successes", "group_attempts", "unseen_pos", "group_stamp")},
+                      "heap_stamps": (st["heap_stamps"], heap), "heap_problems": (st["heap_problems"], heap)})
+        expect_inside({"arrays.group": (st["arrays"]["group"], 0, groups),
+                       "heap_problems": (st["heap_problems"], -groups, self.n),  # a group's clock is -1 - group
+                       **{k: (st[k], 0, self.n) for k in ("solved_pool", "unsolved_pool", "retest_queue")},
+                       **{f"unseen_order.{g}": (st["unseen_order"][str(g)], 0, self.n) for g in range(groups)},
+                       **{f"unseen_pos.{g}": ([p], 0, len(st["unseen_order"][str(g)]) + 1)
+                          for g, p in enumerate(st["unseen_pos"])}})
+
     def load_state_dict(self, st: dict) -> None:
-        expect_state(st, "priority", self.n, self.num_groups)
+        self.check_state(st)
         for name in self.ARRAYS:
             getattr(self, f"_{name}_np")[:] = np.asarray(st["arrays"][name])
         self.group_successes = np.asarray(st["group_successes"], dtype=np.float64).copy()
         self.group_attempts = np.asarray(st["group_attempts"], dtype=np.float64).copy()
         self.unseen_order = [array("i", np.asarray(st["unseen_order"][str(g)], dtype=np.int32).tobytes())
                              for g in range(self.num_groups)]
-        self.unseen_pos = list(st["unseen_pos"])
-        self.unseen_w = [self.unseen_priority(g) for g in range(self.num_groups)]  # group rates restored above
+        self.unseen_pos, self.group_stamp = list(st["unseen_pos"]), list(st["group_stamp"])
         self.pools = {SOLVED: deque(np.asarray(st["solved_pool"]).tolist()),
                       UNSOLVED: deque(np.asarray(st["unsolved_pool"]).tolist())}
         self.retest_queue = deque(np.asarray(st["retest_queue"]).tolist())
         self.rng.bit_generator.state = st["rng"]
-        counters = list(st["counters"]) + [0] * (6 - len(st["counters"]))
         (self.version, self.last_retest_version, self.dispatched, self.retests_dispatched,
-         self.unseen_dispatched, self.unseen_cursor) = counters
-        if "virtual_time" in st:
-            self.now = float(st["virtual_time"])
-            self.group_stamp = list(st["group_stamp"])
-            self.unseen_deadline = list(st.get("unseen_deadline", [self.now + 1.0 / max(w, MIN_RATE) for w in self.unseen_w]))
-            self.heap = list(zip(np.asarray(st["heap_keys"]).tolist(), np.asarray(st["heap_stamps"]).tolist(),
-                                 np.asarray(st["heap_problems"]).astype(int).tolist()))
-            heapq.heapify(self.heap)
-        else:  # a snapshot from before the clocks: fresh clocks for everything choosable
-            self.heap = []
-            self._arm(np.flatnonzero((self._state_np == HEAP) & (self._last_tested_np >= 0)))
-            self._arm_groups(range(self.num_groups))
+         self.unseen_dispatched, self.unseen_cursor) = st["counters"]
+        self.now = float(st["virtual_time"])
+        self.heap = list(zip(np.asarray(st["heap_keys"]).tolist(), np.asarray(st["heap_stamps"]).tolist(),
+                             np.asarray(st["heap_problems"]).astype(int).tolist()))
+        heapq.heapify(self.heap)

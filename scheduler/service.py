@@ -5,13 +5,12 @@ Loop, top to bottom:
      learner can have made it; finish when the learner has taken its last step;
   2. accept returned RolloutGroups: dead-letter those for unknown problems or from a version
      the learner has not made, ignore unknown or already-answered dispatch ids, update the
-     sampler, keep them as fresh (with dynamic sampling, only those with a signal); with
-     screening, a screen with a signal asks for the rest of its group instead, and the rest,
-     when it returns, joins its screen as one group;
+     sampler, keep them as fresh (with dynamic sampling, only those with a signal);
   3. re-dispatch what timed out;
   4. publish a batch when enough fresh groups wait and the learner is not too far behind
      (the zero-variance filter and tau_max apply as the batch is composed; with claim_check
-     the batch names the rollouts' messages instead of copying them);
+     the batch names the rollouts' messages instead of copying them); the state is
+     snapshotted before each batch goes out;
   5. top up dispatches to the in-flight bound.
 """
 
@@ -26,35 +25,19 @@ import numpy as np
 from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
 from prl.trust import checkpoint_problem
-from prl.tasks import train_problems
-from prl.tasks.likelihood import expected_success, read_groups
+from prl.tasks import group_indices, train_problems
 from prl.formulas import has_signal
 from prl.scheduler.batches import compose_batch
 from prl.scheduler.replay import ReplayBuffer
 from prl.scheduler.archive import RolloutArchive
 from prl.scheduler.archive import root as archive_root
 from prl.scheduler.samplers import make_sampler
-from prl.scheduler.snapshot import read_snapshot, write_snapshot
+from prl.scheduler.snapshot import expect_inside, expect_sized, read_snapshot, write_snapshot
 from prl.schemas import Dispatch, PolicyVersion, RolloutGroup, RolloutRef, Sampling, TrainBatch, TrainBatchRefs
 from prl.schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
-
-
-def problem_groups(cfg, problems) -> tuple[list[str], np.ndarray, np.ndarray | None]:
-    """(group names, each problem's group index, each group's starting rate or None) for the
-    sampler's prior: the task's labels, or those of ``groups_path`` (e.g. answer-likelihood
-    bins, whose scores give the starting rates with ``score_start``); with ``shuffle_groups``
-    the labels are permuted across problems (a control)."""
-    pc = cfg.scheduler.priority
-    keys, scores = read_groups(pc.groups_path, [p.id for p in problems]) if pc.groups_path else \
-        ([p.group_key for p in problems], None)
-    names = sorted(set(keys))
-    index = {g: i for i, g in enumerate(names)}
-    labels = np.asarray([index[k] for k in keys])
-    if pc.shuffle_groups:
-        labels = np.random.default_rng(cfg.run.seed).permutation(labels)
-    start = expected_success(scores, labels, len(names)) if pc.score_start and scores is not None else None
-    return names, labels, start
+TRACKER_TABLE_EVERY = 50  # a table of sampled rollouts goes to the trackers every N batches
+BATCH_BYTES_PER_TOKEN = 10  # a TrainBatch's bytes per token (id, log-prob, framing): its token budget
 
 
 def rollout_sample(groups: list[RolloutGroup], batch: TrainBatch, n: int = 8) -> tuple[list[str], list[list]]:
@@ -75,7 +58,6 @@ class InFlight:
     issued_at: float
     attempt: int
     group_size: int  # completions asked for: a group of another size is not this dispatch's answer
-    part: str = "group"  # "group": a whole group; with screening, "screen" or "rest" (of a screen with a signal)
 
 
 class Scheduler(Service):
@@ -88,18 +70,18 @@ class Scheduler(Service):
         self.problems = train_problems(cfg.task)
         self.index = {p.id: i for i, p in enumerate(self.problems)}
         self.trained = np.zeros(len(self.problems), dtype=np.uint8)  # 1: a fresh group of it with a signal was trained
-        self.group_names, labels, start = problem_groups(cfg, self.problems)
-        self.sampler = make_sampler(cfg.scheduler, labels, cfg.run.seed, start, cfg.sampling.group_size)
+        self.group_names, labels = group_indices(self.problems)
+        self.sampler = make_sampler(cfg, labels)
+        self.zero_variance_filter = bool(getattr(self.sampler, "zero_variance_filter", False))
+        self.dynamic_sampling = bool(getattr(self.sampler, "dynamic_sampling", False))
         s = cfg.sampling
-        self.sampling = Sampling(s.temperature, s.top_p, s.max_tokens, [])
+        self.sampling = Sampling(s.temperature, 1.0, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
         self.unacked: list[float] = []  # when each dispatch sent since the last flush was issued
         self.coords: dict[str, tuple[str, int, int]] = {}  # dispatch id -> its group's message (claim-check)
         self.retired_reasons: dict[str, str] = {}  # error kind -> its latest message
         self.fresh: list[RolloutGroup] = []
-        self.screens: dict[str, RolloutGroup] = {}  # a rest's dispatch id -> its screen, until the rest returns
-        r = cfg.scheduler.replay
-        self.replay = ReplayBuffer(r.capacity, r.alpha, r.eps, cfg.run.seed) if r.enabled else None
+        self.replay = ReplayBuffer(seed=cfg.run.seed) if cfg.scheduler.replay.ratio > 0 else None
         self.learner_version = 0
         self.learner_last_seq = -1
         self.next_seq = 0
@@ -108,7 +90,7 @@ class Scheduler(Service):
         self.groups_returned = 0
         self.groups_with_signal = 0
         self.started_at = time.time()
-        self.archive = RolloutArchive(archive_root(cfg.run.run_dir), cfg.scheduler.archive_max_rows) if cfg.scheduler.archive else None
+        self.archive = RolloutArchive(archive_root(cfg.run.run_dir))
         self.restore()
         self.rollouts = transport.subscriber([self.topic(ROLLOUTS)], group=f"{cfg.run.name}.scheduler")
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
@@ -127,10 +109,9 @@ class Scheduler(Service):
     def learner_done(self) -> bool:
         """The learner has reached its last step: nothing more to schedule (a snapshot keeps
         the state for a continued run)."""
-        if not (self.cfg.run.finish_with_learner and self.learner_version >= self.cfg.learner.max_steps):
+        if self.learner_version < self.cfg.learner.max_steps:
             return False
-        if self.cfg.scheduler.snapshot_every:
-            self.snapshot()
+        self.snapshot()
         self.log.info("learner_finished", learner_version=self.learner_version)
         return True
 
@@ -171,27 +152,22 @@ class Scheduler(Service):
                 continue
             if self.cfg.scheduler.claim_check:  # where the group is, for batches that reference it
                 self.coords[group.dispatch_id] = (msg.topic, msg.partition, msg.offset)
-            accepted = self.accept(group)
-            if accepted is not None:
-                problem, rewards = accepted
-                outcomes.append((problem, sum(r > 0 for r in rewards), len(rewards)))
-        if outcomes:
+            problem = self.accept(group)
+            if problem is not None:
+                outcomes.append((problem, sum(r > 0 for r in group.rewards), len(group.rewards)))
+        if outcomes:  # offsets are committed with each snapshot: a restart re-reads what came after it
             with self.timed("statistics"):
                 self.sampler.observe_many(*zip(*outcomes), self.learner_version)
-        if msgs and not self.cfg.scheduler.snapshot_every:
-            self.rollouts.commit()  # with snapshots, offsets are committed with each snapshot
 
     def acceptable(self, msg, group: RolloutGroup) -> bool:
         """A group for a problem of this run, made by a version the learner can have made
-        (producers load only announced versions), with completions if it could be trained (a
-        rest always can: it trains with its screen, whatever its own rewards),
+        (producers load only announced versions), with completions if it could be trained,
         for the problem and of the size its dispatch asked for; otherwise dead-lettered."""
         if group.problem_id not in self.index:
             self.reject(msg, "unknown_problem", group.problem_id)
             return False
         flight = self.in_flight.get(group.dispatch_id)
-        rest = flight is not None and flight.part == "rest"
-        if not group.has_completions and (not self.cfg.filters_zero_variance or has_signal(group.rewards) or rest):
+        if not group.has_completions and (not self.zero_variance_filter or has_signal(group.rewards)):
             self.reject(msg, "missing_completions", "a group that can be trained has rollouts without completion tokens")
             return False
         newest = self.learner_version + self.cfg.scheduler.max_batches_ahead
@@ -206,19 +182,16 @@ class Scheduler(Service):
             return False
         return True
 
-    def accept(self, group: RolloutGroup) -> tuple[int, list[float]] | None:
-        """Take a result in; return its problem index and the rewards the sampler observes, or
-        None for a duplicate or unknown one, or a screen whose rest is asked for (observed
-        with it)."""
+    def accept(self, group: RolloutGroup) -> int | None:
+        """Take a result in; return its problem index (the sampler observes its rewards), or
+        None for a duplicate or unknown one, or an error (the problem is retired)."""
         flight = self.in_flight.pop(group.dispatch_id, None)
         if flight is None:
             self.count("duplicate_or_unknown_results")
             return None
-        if self.archive is not None:
-            self.archive.add(group, self.learner_version)
+        self.archive.add(group, self.learner_version)
         if group.error:
             self.count("problems_retired")
-            self.screens.pop(group.dispatch_id, None)
             self.retired_reasons[group.error.split(":", 1)[0]] = group.error
             self.sampler.retire(flight.problem)
             self.log.warning("problem_retired", problem_id=group.problem_id, error=group.error)
@@ -226,45 +199,15 @@ class Scheduler(Service):
         self.rollouts_generated += len(group.rollouts)
         self.generate_seconds += group.generate_seconds
         signal = has_signal(group.rewards)
-        if flight.part == "screen" and signal:  # worth a whole group: the problem stays in flight for the rest
-            self.ask_rest(flight.problem, group)
-            return None
-        if flight.part == "rest":
-            group = self.join(group)
-            signal = has_signal(group.rewards)
-        self.groups_returned += 1  # a look at the problem: a whole group, or a screen without a signal
+        self.groups_returned += 1
         self.groups_with_signal += signal
         if not signal:
             self.count("zero_signal_rollouts", len(group.rollouts))
-        if flight.part == "screen":
-            self.count("screens_without_signal")
-        elif self.cfg.dynamic_sampling and not signal:
+        if self.dynamic_sampling and not signal:
             self.count("zero_signal_dropped")
         else:
             self.fresh.append(group)
-        return flight.problem, group.rewards
-
-    def ask_rest(self, problem: int, screen: RolloutGroup) -> None:
-        """Screening: dispatch the rest of a screen's group; the screen waits for it."""
-        rest = self.dispatch(problem, 0, self.cfg.sampling.group_size - len(screen.rollouts), "rest")
-        self.screens[rest] = screen
-        self.count("screens_with_signal")
-
-    def join(self, rest: RolloutGroup) -> RolloutGroup:
-        """The screen and its rest as one group (advantages are taken over the whole group; its
-        age is the older part's). A rest that does not match its screen's problem, prompt and
-        temperature is trained alone."""
-        screen = self.screens.pop(rest.dispatch_id, None)
-        if screen is None or (screen.problem_id, screen.temperature) != (rest.problem_id, rest.temperature) \
-                or not np.array_equal(screen.prompt_ids, rest.prompt_ids):
-            self.count("rests_not_joined")
-            return rest
-        return RolloutGroup(
-            rest.dispatch_id, rest.problem_id, min(screen.policy_version, rest.policy_version), rest.producer_id,
-            rest.prompt_ids, rest.temperature, screen.rollouts + rest.rollouts,
-            screen.generate_seconds + rest.generate_seconds, screen.reward_seconds + rest.reward_seconds,
-            min(screen.created_at, rest.created_at),
-        )
+        return flight.problem
 
     def redispatch_timed_out(self) -> None:
         now = time.time()
@@ -272,9 +215,7 @@ class Scheduler(Service):
             if now - flight.issued_at > self.cfg.scheduler.dispatch_timeout_s:
                 del self.in_flight[did]
                 self.count("redispatched")
-                again = self.dispatch(flight.problem, flight.attempt + 1, flight.group_size, flight.part)
-                if did in self.screens:  # a rest: its screen waits for the new dispatch
-                    self.screens[again] = self.screens.pop(did)
+                self.dispatch(flight.problem, flight.attempt + 1, flight.group_size)
 
     def publish_batches(self) -> None:
         cfg = self.cfg.scheduler
@@ -287,13 +228,12 @@ class Scheduler(Service):
             if batch is None:
                 continue
             self.next_seq += 1
-            every = self.cfg.scheduler.snapshot_every
-            if every and self.next_seq % every == 0:
+            if self.next_seq % self.cfg.scheduler.snapshot_every == 0:
                 with self.timed("snapshot"):
                     self.snapshot(pending=batch)  # on storage before it is on the topic
             self.publish_batch(batch)
             self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
-            if batch.seq % self.cfg.run.tracker_table_every == 0:
+            if batch.seq % TRACKER_TABLE_EVERY == 0:
                 self.emit_table("rollouts", *rollout_sample(groups, batch), step=self.rollouts_generated)
 
     def compose(self, groups: list[RolloutGroup]):
@@ -304,9 +244,10 @@ class Scheduler(Service):
         with self.timed("compose_and_replay"):
             return compose_batch(
                 groups, seq=self.next_seq, learner_version=self.learner_version + self.batches_ahead(),
-                rollouts_generated=self.rollouts_generated, tau_max=cfg.tau_max, max_tokens=cfg.max_batch_tokens,
+                rollouts_generated=self.rollouts_generated, tau_max=cfg.tau_max,
+                max_tokens=self.cfg.transport.kafka.max_message_bytes // BATCH_BYTES_PER_TOKEN,
                 buffer=self.replay, replay_ratio=cfg.replay.ratio, warmup_updates=cfg.replay.warmup_updates,
-                drop_zero_signal=self.cfg.filters_zero_variance, advantage_std=cfg.advantage_std,
+                drop_zero_signal=self.zero_variance_filter,
             )
 
     def count_composition(self, comp) -> None:
@@ -359,7 +300,7 @@ class Scheduler(Service):
 
     def prune_coords(self) -> None:
         """Forget where groups are once no fresh group or replayable rollout needs them."""
-        live_limit = 2 * (self.cfg.scheduler.replay.capacity + self.cfg.scheduler.max_in_flight)
+        live_limit = 2 * ((self.replay.capacity if self.replay else 0) + self.cfg.scheduler.max_in_flight)
         if len(self.coords) <= live_limit:
             return
         live = {g.dispatch_id for g in self.fresh}
@@ -376,10 +317,8 @@ class Scheduler(Service):
             busy = {f.problem for f in self.in_flight.values()}
             with self.timed("statistics"):
                 chosen = self.sampler.next(room, busy)
-            screen = self.cfg.scheduler.screen_size
-            size, part = (screen, "screen") if screen else (self.cfg.sampling.group_size, "group")
             for idx in chosen:
-                self.dispatch(idx, 0, size, part)
+                self.dispatch(idx, 0, self.cfg.sampling.group_size)
             if not chosen and not self.in_flight:
                 raise NoProblemsLeft(self.why_no_problems())
         if self.unacked:  # this turn's dispatches and re-dispatches
@@ -393,7 +332,7 @@ class Scheduler(Service):
         return (f"no problem can be dispatched: producers could not serve {retired} of {len(self.problems)} training "
                 f"problems and they were retired ({reasons[:400]})")
 
-    def dispatch(self, idx: int, attempt: int, group_size: int, part: str = "group") -> str:
+    def dispatch(self, idx: int, attempt: int, group_size: int) -> str:
         """Send problem ``idx`` out for ``group_size`` completions (acknowledged at the next
         flush); return the dispatch id."""
         p = self.problems[idx]
@@ -401,7 +340,7 @@ class Scheduler(Service):
             uuid.uuid4().hex, p.id, p.prompt, p.answer, group_size, self.sampling,
             self.learner_version, attempt, time.time(), p.chat,
         )
-        self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt, group_size, part)
+        self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt, group_size)
         self.send(PROBLEMS, d, key=p.id.encode())
         self.unacked.append(d.issued_at)
         self.count("dispatched")
@@ -415,28 +354,28 @@ class Scheduler(Service):
         replay_state = self.replay.state_dict()[0] if self.replay else None
         return {
             **{name: getattr(self, name) for name in self.SCALARS},
-            "in_flight": {did: [f.problem, f.issued_at, f.attempt, f.group_size, f.part] for did, f in self.in_flight.items()},
-            "screens": {rest: screen.dispatch_id for rest, screen in self.screens.items()},  # the groups go with fresh
+            "in_flight": {did: [f.problem, f.issued_at, f.attempt, f.group_size] for did, f in self.in_flight.items()},
             "coords": {did: list(c) for did, c in self.coords.items()},
             "sampler": self.sampler.state_dict(),
             "trained": self.trained.copy(),
             "replay": replay_state,
         }
 
+    def check_state(self, state: dict) -> None:
+        """ValueError unless a snapshot's state fits this pool (the sampler checks its own part)."""
+        self.sampler.check_state(state["sampler"])
+        n = len(self.problems)
+        expect_sized({"trained": (state["trained"], n)})
+        expect_inside({"in_flight": ([entry[0] for entry in state["in_flight"].values()], 0, n)})
+
     def load_state_dict(self, state: dict, fresh: list[RolloutGroup], replay: list, pending: TrainBatch | None = None) -> None:
         for name in self.SCALARS:
-            setattr(self, name, state.get(name, getattr(self, name)))  # snapshots from before a field existed
-        full = self.cfg.sampling.group_size  # snapshots from before dispatches recorded their size
-        self.in_flight = {did: InFlight(*v) if len(v) >= 4 else InFlight(*v, full) for did, v in state["in_flight"].items()}
-        self.coords = {did: tuple(c) for did, c in state.get("coords", {}).items()}
-        self.sampler.load_state_dict(state["sampler"])  # checks the problem count, so "trained" below fits
-        if "trained" in state:  # snapshots from before it existed: counted from here on
-            self.trained[:] = np.asarray(state["trained"], dtype=np.uint8)
-        waiting = state.get("screens", {})  # screens are written among the fresh groups
-        groups = {g.dispatch_id: g for g in fresh}
-        self.screens = {rest: groups[screen] for rest, screen in waiting.items() if screen in groups}
-        screen_ids = set(waiting.values())
-        self.fresh = [g for g in fresh if g.dispatch_id not in screen_ids]
+            setattr(self, name, state[name])
+        self.in_flight = {did: InFlight(*v) for did, v in state["in_flight"].items()}
+        self.coords = {did: tuple(c) for did, c in state["coords"].items()}
+        self.sampler.load_state_dict(state["sampler"])
+        self.trained[:] = np.asarray(state["trained"], dtype=np.uint8)
+        self.fresh = list(fresh)
         if self.replay is not None and state.get("replay"):
             self.replay.load_state_dict(state["replay"], replay)
 
@@ -444,15 +383,13 @@ class Scheduler(Service):
         """Write the state (and the batch about to be published), then commit the rollout
         offsets it covers."""
         replay = self.replay.state_dict()[1] if self.replay else []
-        groups = self.fresh + list(self.screens.values())
-        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), groups, replay, pending)
-        if self.archive is not None:  # what the committed offsets cover is archived, too
-            self.archive.flush()
+        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending)
+        self.archive.flush()  # what the committed offsets cover is archived, too
         self.rollouts.commit()
         self.log.info("snapshot_written", uri=uri, seq=self.next_seq, in_flight=len(self.in_flight))
 
     def restore(self) -> None:
-        snap = read_snapshot(self.cfg.run.run_dir)
+        snap = read_snapshot(self.cfg.run.run_dir, self.check_state)
         if snap is None:
             return
         self.load_state_dict(*snap)
@@ -498,8 +435,7 @@ class Scheduler(Service):
         return {**self.sampler.metrics(), "problems_trained": int(self.trained.sum())}
 
     def close(self) -> None:
-        if self.archive is not None:
-            self.archive.close()
+        self.archive.close()
         self.rollouts.close()
         self.policy.close()
         super().close()

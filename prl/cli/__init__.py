@@ -112,25 +112,22 @@ def benchmark_module(name: str):
     return importlib.import_module(f"benchmarks.{name}")
 
 
-def replay_train_dir(args, cfg) -> str | None:
-    """The run directory `prl replay train` trains into (None for the other replay actions)."""
-    if getattr(args, "action", None) != "train":
-        return None
-    return args.out or cfg.run.run_dir.rstrip("/") + "/replay-train"
-
-
 def configure_logs(args, cfg) -> None:
     """Services log to the console; `prl run` and `prl replay train` keep the console to
     warnings (plus their own progress lines) and write everything to <run_dir>/prl.log."""
     from prl import logs
 
-    training_here = {"run": cfg.run.run_dir, "replay": replay_train_dir(args, cfg)}.get(args.command)
+    training_here = cfg.run.run_dir if args.command == "run" else None
+    if args.command == "replay" and args.action == "train":
+        from prl.cli.replay import train_dir
+
+        training_here = train_dir(args, cfg)
     if training_here:
         from prl.cli.run import run_log
         from prl.storage import check_writable
 
         check_writable(training_here)  # the log file goes there
-        logs.configure(cfg.run.log_format, cfg.run.log_level, log_file=run_log(training_here),
+        logs.configure(cfg.run.log_format, "info", log_file=run_log(training_here),
                        console_level="debug" if getattr(args, "verbose", False) else "warning")
     else:
-        logs.configure(cfg.run.log_format, cfg.run.log_level)
+        logs.configure(cfg.run.log_format, "debug" if getattr(args, "verbose", False) else "info")

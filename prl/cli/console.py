@@ -10,21 +10,32 @@ import time
 
 
 class Console:
-    def __init__(self, total_steps: int, first_step: int, fmt: str = "console", enabled: bool = True):
-        self.fmt, self.enabled = fmt, enabled
+    """The bar counts learner steps toward ``total_steps``, or, for a run bounded by wall time
+    (``max_seconds``, `prl run --max-minutes`), seconds toward that bound with the step beside it."""
+
+    def __init__(self, total_steps: int, first_step: int, fmt: str = "console", enabled: bool = True,
+                 max_seconds: float | None = None):
+        self.fmt, self.enabled, self.total_steps, self.max_seconds = fmt, enabled, total_steps, max_seconds
         self.bar = None
         if enabled and fmt == "console":
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=first_step, desc="learner steps", unit="step", dynamic_ncols=True,
-                            file=sys.stderr)
+            if max_seconds:
+                bar = dict(total=round(max_seconds), desc="wall time", bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} s [{postfix}]")
+            else:
+                bar = dict(total=total_steps, initial=first_step, desc="learner steps", unit="step")
+            self.bar = tqdm(**bar, dynamic_ncols=True, file=sys.stderr)
         self.shown_eval = -1
         self.t0 = time.perf_counter()
 
     def update(self, learner, scheduler) -> None:
         """After a learner step: move the bar; one line when an evaluation happened."""
         if self.bar is not None:
-            self.bar.n = learner.version
+            if self.max_seconds:
+                self.bar.n = min(self.bar.total, round(time.perf_counter() - self.t0))
+                self.bar.set_postfix_str(f"step {learner.version}/{self.total_steps}", refresh=False)
+            else:
+                self.bar.n = learner.version
             self.bar.refresh()
         if self.enabled and getattr(learner, "evaluated_at", -1) != self.shown_eval and hasattr(learner, "last_eval"):
             self.shown_eval = learner.evaluated_at

@@ -1,35 +1,28 @@
-"""The configuration reference (Markdown) from the config model's field docs:
-``python -m prl.cli.docs`` rewrites the table in README.md in place."""
+"""The configuration reference, generated from the config model's field docs:
+``python -m prl.cli.docs`` rewrites docs/configuration.md (a test checks it is current)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel
+from prl.schemas.config import settings
 
-from prl.schemas.config import Config
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+HEAD = """# Configuration reference
 
+One TOML file (`--config FILE`) plus dotted overrides (`--set learner.lr=1e-5`, values read as
+TOML); `prl config` prints the validated result. Generated from prl/schemas/config.py by
+`python -m prl.cli.docs`.
 
-def rows(model: type[BaseModel], prefix: str = ""):
-    for name, field in model.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            yield from rows(ann, f"{prefix}{name}.")
-        else:
-            default = field.default
-            yield f"| `{prefix}{name}` | `{default!r}` | {field.description or ''} |"
+| key | default | meaning |
+|---|---|---|
+"""
 
 
 def reference() -> str:
-    return "\n".join(["| key | default | meaning |", "|---|---|---|", *rows(Config)])
-
-
-def update_readme(path: Path = Path(__file__).resolve().parents[2] / "README.md") -> None:
-    lines = path.read_text().splitlines()
-    start = lines.index("| key | default | meaning |")
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    path.write_text("\n".join(lines[:start] + reference().splitlines() + lines[end:]) + "\n")
+    rows = [f"| `{name}` | `{field.default!r}` | {field.description} |" for name, field in settings()]
+    return HEAD + "\n".join(rows) + "\n"
 
 
 if __name__ == "__main__":
-    update_readme()
+    REFERENCE.write_text(reference())

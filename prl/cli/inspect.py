@@ -308,8 +308,6 @@ def command(args, cfg) -> int:
               " (no learning curve: no held-out evaluation in the metrics; learner.eval_every = 0?)"))
         return 0
 
-    if cfg.transport.type != "kafka":
-        raise UsageError('prl inspect reads Kafka topics: set transport.type = "kafka" (and the bootstrap servers)')
     from prl.transport.kafka import check_reachable
 
     if args.action == "tail":
@@ -320,8 +318,36 @@ def command(args, cfg) -> int:
         return 0
     flt = TailFilter(args.problem, args.min_version, args.max_version, args.min_reward, args.max_reward, args.producer)
     try:
-        tail(cfg, args.topic, flt=flt, from_beginning=args.from_beginning, follow=args.follow, as_json=args.json,
-             summary=args.summary, limit=args.limit)
+        shown = tail(cfg, args.topic, flt=flt, from_beginning=args.from_beginning, follow=args.follow, as_json=args.json,
+                     summary=args.summary, limit=args.limit)
     except KeyboardInterrupt:
-        pass
+        return 0
+    if not shown and not args.summary:
+        print(nothing_shown(cfg, args), file=sys.stderr)
     return 0
+
+
+def nothing_shown(cfg, args) -> str:
+    """Why a tail printed nothing: the topic is empty, it was read from its end, or the filters
+    kept nothing; and what to change."""
+    name = tail_topic(cfg.run.name, args.topic)
+    held = topic_size(cfg.transport.kafka, name)
+    if held == 0:
+        return f"{name} is empty: no message has been written to it"
+    if not args.from_beginning:
+        return (f"no new messages in {name}, read from its end (it holds {held:,}); --from-beginning shows them, "
+                "--follow waits for new ones")
+    return f"none of the {held:,} messages in {name} passed the filters"
+
+
+def topic_size(cfg, name: str) -> int:
+    """Messages a topic holds now (high watermarks less the first offsets)."""
+    from kafka import TopicPartition
+
+    consumer = _consumer(cfg)
+    try:
+        tps = [TopicPartition(name, p) for p in sorted(consumer.partitions_for_topic(name) or [])]
+        ends, starts = end_offsets(consumer, tps), consumer.beginning_offsets(tps)
+        return sum(ends[tp] - starts[tp] for tp in tps)
+    finally:
+        consumer.close()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-BENCHMARKS = ("scheduler", "strategies", "replay", "producer", "learner", "system", "learning", "likelihood", "real", "scale",
-              "staleness", "weights", "memory")
+BENCHMARKS = ("scheduler", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights", "memory")
 
 
 def number_type(convert, ok, what: str):
@@ -31,6 +30,14 @@ positive = number_type(float, lambda v: 0 < v < math.inf, "a number > 0")  # sec
 rate = number_type(float, lambda v: 0 <= v < math.inf, "a number >= 0")  # per second, 0 for no limit
 fraction = number_type(float, lambda v: 0 <= v <= 1, "a number from 0 to 1")  # shares, accuracies
 finite = number_type(float, math.isfinite, "a finite number")  # rewards
+
+
+def address(text: str) -> str:
+    """host:port (an argparse type)."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not host:port")
+    return text
 
 
 class Parser(argparse.ArgumentParser):
@@ -84,7 +91,16 @@ def add_run(sub) -> None:
 
 def add_services(sub) -> None:
     for name in ("scheduler", "producer", "learner"):
-        common(sub.add_parser(name, help=f"the {name} service over the configured transport"))
+        p = sub.add_parser(name, help=f"the {name} service over Kafka (transport.kafka)")
+        common(p)
+        p.add_argument("--http", metavar="HOST:PORT", type=address,
+                       help="serve /health and /metrics there (a pod: 0.0.0.0:8080; default: none)")
+        if name == "producer":
+            p.add_argument("--id", help="this producer's name in rollouts, logs and its metrics file "
+                                        "(default: host name and process id; a pod's name on Kubernetes)")
+        if name == "learner":
+            p.add_argument("--batches-from", metavar="PATH", help="train from a file of TrainBatch records (path or URI) "
+                                                                  "instead of the batch topic; no broker needed")
 
 
 def add_inspect(sub) -> None:
@@ -158,12 +174,6 @@ def add_data(sub) -> None:
                     help="generator setting, e.g. --set max_value=30 (repeatable)")
     rg.add_argument("--system", default=None, help="system prompt (default: 'Answer with only the final answer.')")
     rg.add_argument("--debug", action="store_true", help="show the traceback of a failure")
-    ll = dsub.add_parser("likelihood", help="difficulty groups without a label: the model's probability of each training "
-                         "problem's answer, in quantile bins, for scheduler.priority.groups_path")
-    common(ll)
-    ll.add_argument("--out", required=True, help="the groups file to write (.parquet or .jsonl; local or fsspec URI)")
-    ll.add_argument("--bins", type=count, default=8, help="quantile bins of the scores (default 8)")
-    ll.add_argument("--model", help="model to score with (default: the config's model.path, the run's starting policy)")
 
 
 def add_config(sub) -> None:

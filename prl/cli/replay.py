@@ -22,9 +22,7 @@ import numpy as np
 from prl.formulas import bernoulli_variance, has_signal
 from prl.scheduler.archive import groups_from_table, read_archive
 from prl.schemas import RolloutGroup, TrainBatch
-from prl.schemas.config import SchedulerConfig
-
-STRATEGIES = ("uniform", "dapo_filter", "success_variance")
+from prl.schemas.config import BUILTIN_STRATEGIES
 
 
 def _progress(total: int, desc: str, enabled: bool = True, unit: str = "group"):
@@ -115,11 +113,11 @@ def format_report(rep: dict) -> str:
 
 
 # -- whatif ----------------------------------------------------------------------------------
-def whatif(uri: str, out_dir: str | None, strategies=STRATEGIES, rounds: int | None = None, per_round: int = 16,
-           seed: int = 0, progress: bool = True) -> dict:
-    """Each strategy chooses problems from the archived ones; the outcome of a choice is the
-    problem's next archived group (cycling). Counts what each chose and what it spent on
-    zero-signal groups."""
+def whatif(cfg, uri: str, out_dir: str | None, strategies=BUILTIN_STRATEGIES, rounds: int | None = None,
+           per_round: int = 16, progress: bool = True) -> dict:
+    """Each strategy (at the run's other settings) chooses problems from the archived ones; the
+    outcome of a choice is the problem's next archived group (cycling). Counts what each chose
+    and what it spent on zero-signal groups."""
     groups = load_groups(uri)
     outcomes: dict[str, list[list[float]]] = defaultdict(list)
     for g in groups:
@@ -128,7 +126,7 @@ def whatif(uri: str, out_dir: str | None, strategies=STRATEGIES, rounds: int | N
     results = {}
     for strategy in strategies:
         with _progress(rounds * per_round, f"whatif {strategy}", progress) as bar:
-            results[strategy] = simulate(strategy, outcomes, rounds, per_round, seed, bar)
+            results[strategy] = simulate(cfg, strategy, outcomes, rounds, per_round, bar)
     if out_dir:
         from prl import plots
 
@@ -136,16 +134,16 @@ def whatif(uri: str, out_dir: str | None, strategies=STRATEGIES, rounds: int | N
     return {"rounds": rounds, "per_round": per_round, "problems": len(outcomes), "strategies": results}
 
 
-def simulate(strategy: str, outcomes: dict[str, list[list[float]]], rounds: int, per_round: int, seed: int, bar) -> dict:
+def simulate(cfg, strategy: str, outcomes: dict[str, list[list[float]]], rounds: int, per_round: int, bar) -> dict:
     """One strategy's choices over the archived outcomes: what it generated, trained, and
     spent on groups without a signal."""
     from prl.scheduler.samplers import make_sampler
 
     problems = sorted(outcomes)
-    index_of_group = {d: i for i, d in enumerate(sorted({difficulty(p) for p in problems}))}
-    whole = max(len(r) for runs in outcomes.values() for r in runs)  # a whole group's completions (screens are fewer)
-    sampler = make_sampler(SchedulerConfig(strategy=strategy), [index_of_group[difficulty(p)] for p in problems], seed,
-                           group_size=whole)
+    whole = max(len(r) for runs in outcomes.values() for r in runs)  # a whole group's completions
+    cfg = cfg.model_copy(update={"scheduler": cfg.scheduler.model_copy(update={"strategy": strategy}),
+                                 "sampling": cfg.sampling.model_copy(update={"group_size": whole})})
+    sampler = make_sampler(cfg, np.zeros(len(problems), dtype=np.int32))
     cursor, chosen = Counter(), Counter()
     spent = zero_signal = trained = 0
     for version in range(rounds):
@@ -158,7 +156,7 @@ def simulate(strategy: str, outcomes: dict[str, list[list[float]]], rounds: int,
             chosen[p] += 1
             spent += len(rewards)
             zero_signal += 0 if has_signal(rewards) else len(rewards)
-            trained += len(rewards) if (has_signal(rewards) or strategy == "uniform") else 0
+            trained += len(rewards) if (has_signal(rewards) or not getattr(sampler, "zero_variance_filter", False)) else 0
             outcome.append((sum(r > 0 for r in rewards), len(rewards)))
         if picks:
             sampler.observe_many(picks, *zip(*outcome), version)
@@ -178,27 +176,26 @@ def format_whatif(res: dict) -> str:
 
 
 # -- publish / train -------------------------------------------------------------------------
-def to_batches(groups: list[RolloutGroup], scheduler: SchedulerConfig) -> list[TrainBatch]:
+def to_batches(groups: list[RolloutGroup], cfg) -> list[TrainBatch]:
     """The groups, in archive order, as TrainBatches (fresh only: the archive has no replay) of
-    ``scheduler.groups_per_batch`` groups within its token budget, advantages as it sets them.
+    ``scheduler.groups_per_batch`` groups within the token budget of one message.
 
     Batch ``seq`` is stamped with policy version ``seq``, the version a learner starting from
     scratch has when it takes it, so its staleness filter keeps every archived rollout (the
-    original versions belong to another run's clock); the behaviour log-probs are kept. Groups
-    archived as rewards only (producer.drop_zero_signal_completions) have nothing to train
-    and are left out."""
+    original versions belong to another run's clock); the behaviour log-probs are kept."""
     import dataclasses
 
     from prl.scheduler.batches import compose_batch
+    from prl.scheduler.service import BATCH_BYTES_PER_TOKEN
 
+    per_batch, max_tokens = cfg.scheduler.groups_per_batch, cfg.transport.kafka.max_message_bytes // BATCH_BYTES_PER_TOKEN
     batches, pending, seq, generated = [], [g for g in groups if g.has_completions], 0, 0
     while pending:
-        chunk, pending = pending[:scheduler.groups_per_batch], pending[scheduler.groups_per_batch:]
+        chunk, pending = pending[:per_batch], pending[per_batch:]
         chunk = [dataclasses.replace(g, policy_version=seq) for g in chunk]
         generated += sum(len(g.rollouts) for g in chunk)
         comp = compose_batch(chunk, seq=seq, learner_version=seq, rollouts_generated=generated, tau_max=10**9,
-                             max_tokens=scheduler.max_batch_tokens, buffer=None, replay_ratio=0.0, warmup_updates=0,
-                             advantage_std=scheduler.advantage_std)
+                             max_tokens=max_tokens, buffer=None, replay_ratio=0.0, warmup_updates=0)
         pending = comp.leftover + pending
         if comp.batch is not None:
             batches.append(comp.batch)
@@ -211,7 +208,7 @@ def publish(cfg, transport, uri: str, rate: float, progress: bool = True) -> int
     from prl.schemas import encode, headers
     from prl.schemas.topics import BATCHES, topic_name
 
-    batches = to_batches(load_groups(uri), cfg.scheduler)
+    batches = to_batches(load_groups(uri), cfg)
     transport.ensure_topics(cfg.run.name)
     pub = transport.publisher()
     with _progress(len(batches), "publish", progress, unit="batch") as bar:
@@ -238,14 +235,14 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
 
     if list_checkpoints(out_dir):
         raise UsageError(f"{out_dir} already holds checkpoints (a run lives there); choose a new directory with --out")
-    batches = to_batches(load_groups(uri), cfg.scheduler)
+    batches = to_batches(load_groups(uri), cfg)
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/batches.arrow"
         write_batches(path, batches)
         cfg = cfg.model_copy(update={
             "run": cfg.run.model_copy(update={"run_dir": out_dir}),
-            "learner": cfg.learner.model_copy(update={"batches_from": path, "max_steps": max(1, len(batches))})})
-        learner = Learner(cfg, MemoryTransport())
+            "learner": cfg.learner.model_copy(update={"max_steps": max(1, len(batches))})})
+        learner = Learner(cfg, MemoryTransport(), batches_from=path)
         with _progress(len(batches), "train", progress, unit="batch") as bar:
             done = False
             while not done:
@@ -253,6 +250,11 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
                 bar.update(learner.version - bar.n)
         learner.close()
     return {"batches": len(batches), "steps": learner.version, "run_dir": out_dir, "checkpoint": learner.checkpoint_uri}
+
+
+def train_dir(args, cfg) -> str:
+    """The run directory `prl replay train` trains into."""
+    return args.out or cfg.run.run_dir.rstrip("/") + "/replay-train"
 
 
 def command(args, cfg) -> int:
@@ -267,20 +269,17 @@ def command(args, cfg) -> int:
             result = report(uri, out)
             print(format_report(result))
         else:
-            result = whatif(uri, out, seed=cfg.run.seed, progress=progress)
+            result = whatif(cfg, uri, out, progress=progress)
             print(format_whatif(result))
             print(f"\nwrote {out}/whatif.png")
     elif args.action == "publish":
-        from prl.transport import make_transport, require_shared
+        from prl.transport import make_transport
 
-        require_shared(cfg.transport, ", or train on the archive here with `prl replay train`")
         n = publish(cfg, make_transport(cfg.transport), uri, args.rate, progress)
         print(f"published {n} batches to {cfg.run.name}.batches")
         return 0
     else:
-        from prl.cli import replay_train_dir
-
-        result = train(cfg, uri, replay_train_dir(args, cfg), progress)
+        result = train(cfg, uri, train_dir(args, cfg), progress)
         print(f"trained {result['steps']} steps on {result['batches']} archived batches into {result['run_dir']} "
               f"(last checkpoint {result['checkpoint']})")
     if args.json:

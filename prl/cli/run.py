@@ -34,8 +34,6 @@ OUTPUTS = ("learning_curve.png", "priority_histogram.png", "summary.json")  # ma
 def command(args, cfg) -> int:
     """`prl run`: the pipeline in one process; a bar and one line per evaluation on the
     console, a summary table at the end, the summary as JSON in <run_dir>/summary.json."""
-    if cfg.transport.type != "memory":
-        raise UsageError("prl run uses the in-memory transport; start services with prl scheduler|producer|learner")
     check_writable(cfg.run.run_dir)
     done = checkpoint_step(cfg.run.run_dir)
     if done is not None and done >= cfg.learner.max_steps:  # nothing to train: keep the finished run's summary
@@ -141,7 +139,8 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     start, first_step = dict(getattr(learner, "last_eval", {})), learner.version  # a continued run starts past 0
     scheduler = Scheduler(cfg, transport, metrics)
     background = Background([scheduler, Producer(cfg, transport, metrics)])
-    console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress)
+    console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress, max_seconds=max_seconds)
+    console.t0 = budget.t0  # the wall time counts from the start, model loading included
     stop = stop or threading.Event()
     try:
         stopped_by_budget = train(learner, scheduler, background, budget, console, stop)
@@ -165,8 +164,7 @@ def wind_down(cfg, learner, scheduler, console: Console, stopped: bool, by_budge
     continues from it); evaluate once more a run its budget ended (the machine is its own)."""
     if stopped and learner.saved_version != learner.version:
         learner.save()
-    evaluating = cfg.learner.eval_every or cfg.learner.eval_every_rollouts
-    if by_budget and evaluating and learner.heldout and learner.evaluated_at != learner.version:
+    if by_budget and cfg.learner.eval_every and learner.heldout and learner.evaluated_at != learner.version:
         learner.evaluate()
         console.update(learner, scheduler)
 
@@ -175,7 +173,7 @@ def draw(cfg, scheduler) -> None:
     run_dir = cfg.run.run_dir.rstrip("/")
     learning_curve(read_run_metrics(run_dir), f"{run_dir}/learning_curve.png")
     priority_histogram(scheduler.sampler.priorities(), scheduler.sampler.success_rates(), f"{run_dir}/priority_histogram.png",
-                       f"scheduler at the end ({cfg.scheduler.strategy})", cfg.scheduler.priority.weight)
+                       f"scheduler at the end ({cfg.scheduler.strategy})")
 
 
 def summarize(learner, start: dict, first_step: int, seconds: float) -> dict:

@@ -1,6 +1,7 @@
-"""`prl scheduler|producer|learner`: one service over the configured transport (Kafka in
-a deployment), until SIGTERM (the current step finishes) or until it cannot go on (one line,
-exit 2: prl/cli/__init__.py)."""
+"""`prl scheduler|producer|learner`: one service over Kafka (a deployment, or services started
+by hand on one machine), until SIGTERM (the current step finishes) or until it cannot go on
+(one line, exit 2: prl/cli/__init__.py). Each writes its metrics to
+<run_dir>/metrics-<service>.jsonl (a producer's file is named after its id)."""
 
 from __future__ import annotations
 
@@ -12,35 +13,40 @@ def command(args, cfg) -> int:
     from prl.metrics import MetricsSink
     from prl.storage import check_writable
     from prl.trackers import make_trackers
-    from prl.transport import make_transport, require_shared
+    from prl.transport import make_transport
+    from prl.transport.memory import MemoryTransport
 
     name = args.command
-    if not (name == "learner" and cfg.learner.batches_from):  # an offline learner needs no one
-        require_shared(cfg.transport, ", or run the whole pipeline in one process with `prl run`")
     check_writable(cfg.run.run_dir)
-    transport = make_transport(cfg.transport)
+    offline = name == "learner" and args.batches_from  # trains from a file: no broker needed
+    transport = MemoryTransport() if offline else make_transport(cfg.transport)
     transport.ensure_topics(cfg.run.name)
-    metrics = MetricsSink(cfg.run.run_dir, filename=f"metrics-{name}.jsonl", trackers=make_trackers(cfg, name))
-    service = service_class(name)(cfg, transport, metrics)
+    if name == "producer":  # several share a run directory: each file is named after its producer
+        from prl.producers.service import default_producer_id
+
+        args.id = args.id or default_producer_id()
+    filename = f"metrics-{name}-{args.id}.jsonl" if name == "producer" else f"metrics-{name}.jsonl"
+    metrics = MetricsSink(cfg.run.run_dir, filename=filename, trackers=make_trackers(cfg, name))
+    service = make_service(name, cfg, transport, metrics, args)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        service.run(stop, http_port=cfg.run.http_port, http_host=cfg.run.http_host)
+        service.run(stop, http=args.http or "")
     finally:
         metrics.close()
     return 0
 
 
-def service_class(name: str):
+def make_service(name: str, cfg, transport, metrics, args):
     if name == "scheduler":
         from prl.scheduler.service import Scheduler
 
-        return Scheduler
+        return Scheduler(cfg, transport, metrics)
     if name == "producer":
         from prl.producers.service import Producer
 
-        return Producer
+        return Producer(cfg, transport, metrics, producer_id=args.id)
     from prl.learner.service import Learner
 
-    return Learner
+    return Learner(cfg, transport, metrics, batches_from=args.batches_from)

@@ -23,7 +23,8 @@ HELDOUT_SHARE = 5  # one problem in HELDOUT_SHARE belongs to the held-out side
 
 @dataclass(frozen=True)
 class Problem:
-    """One verifiable problem. ``group`` keys the shared prior (difficulty, source, ...);
+    """One verifiable problem. ``difficulty`` splits the held-out accuracy in reports; ``group``
+    is the label of ``task.group_field`` ("" without one), which keys the shared prior;
     ``chat`` marks a prompt that is a JSON list of chat messages (for chat templates)."""
 
     id: str
@@ -32,10 +33,6 @@ class Problem:
     difficulty: int
     group: str = ""
     chat: bool = False
-
-    @property
-    def group_key(self) -> str:
-        return self.group or str(self.difficulty)
 
 
 def problem_id(a: int, b: int, digits: int) -> str:
@@ -47,8 +44,8 @@ def format_answer(total: int) -> str:
     return str(total)[::-1]
 
 
-def make_problem(a: int, b: int, digits: int) -> Problem:
-    return Problem(problem_id(a, b, digits), f"{a}+{b}=", format_answer(a + b), digits)
+def make_problem(a: int, b: int, digits: int, labelled: bool = False) -> Problem:
+    return Problem(problem_id(a, b, digits), f"{a}+{b}=", format_answer(a + b), digits, str(digits) if labelled else "")
 
 
 def unordered(pid: str) -> str:
@@ -69,7 +66,7 @@ def operand_range(digits: int) -> tuple[int, int]:
     return (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
 
 
-def sample_problems(digits: int, count: int, *, heldout: bool, seed: int) -> list[Problem]:
+def sample_problems(digits: int, count: int, *, heldout: bool, seed: int = 0, labelled: bool = False) -> list[Problem]:
     """Up to ``count`` distinct problems of one difficulty from one side of the split."""
     lo, hi = operand_range(digits)
     space = (hi - lo + 1) ** 2
@@ -81,7 +78,7 @@ def sample_problems(digits: int, count: int, *, heldout: bool, seed: int) -> lis
         pairs = ((rng.randint(lo, hi), rng.randint(lo, hi)) for _ in range(50 * count))
     out: dict[str, Problem] = {}
     for a, b in pairs:
-        p = make_problem(a, b, digits)
+        p = make_problem(a, b, digits, labelled)
         if is_heldout(p.id) == heldout and p.id not in out:
             out[p.id] = p
             if len(out) == count:
@@ -89,9 +86,10 @@ def sample_problems(digits: int, count: int, *, heldout: bool, seed: int) -> lis
     return list(out.values())
 
 
-def train_pool(per_digit: list[int], seed: int) -> list[Problem]:
-    """The training pool: ``per_digit[d-1]`` problems of d digits, none held out."""
-    return [p for d, n in enumerate(per_digit, 1) for p in sample_problems(d, n, heldout=False, seed=seed)]
+def train_pool(per_digit, seed: int = 0, labelled: bool = False) -> list[Problem]:
+    """The training pool: ``per_digit[d-1]`` problems of d digits, none held out; ``labelled``:
+    each problem's group is its digit count (``task.group_field = "difficulty"``)."""
+    return [p for d, n in enumerate(per_digit, 1) for p in sample_problems(d, n, heldout=False, seed=seed, labelled=labelled)]
 
 
 def heldout_set(per_digit: int, max_digits: int, seed: int = 0) -> list[Problem]:

@@ -76,8 +76,9 @@ def _id(row: dict, n: int):
     return None
 
 
-def load_problems(uri: str, group_field: str = "difficulty") -> list[Problem]:
-    """Problems of a dataset file, validated row by row."""
+def load_problems(uri: str, group_field: str | None = None) -> list[Problem]:
+    """Problems of a dataset file, validated row by row; an integer ``difficulty`` column
+    splits the held-out accuracy, ``group_field`` (if set) labels each problem's group."""
     rows = read_rows(uri)
     problems, seen = [], set()
     for n, row in enumerate(rows):
@@ -100,9 +101,11 @@ def load_problems(uri: str, group_field: str = "difficulty") -> list[Problem]:
         if pid in seen:
             raise DatasetError(f"{where}: duplicate id {pid!r}")
         seen.add(pid)
-        group = row.get(group_field)
-        difficulty = group if isinstance(group, int) else 0
-        problems.append(Problem(pid, str(prompt), str(answer), difficulty, "" if group is None else str(group), chat))
+        if group_field and row.get(group_field) is None:
+            raise DatasetError(f"{where}: missing column {group_field!r} (task.group_field)")
+        difficulty = row.get("difficulty")
+        group = str(row[group_field]) if group_field else ""
+        problems.append(Problem(pid, str(prompt), str(answer), difficulty if isinstance(difficulty, int) else 0, group, chat))
     if not problems:
         raise DatasetError(f"{uri}: no rows")
     return problems

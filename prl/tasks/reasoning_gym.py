@@ -12,7 +12,7 @@ each with its own answer checker. One row per problem::
     difficulty    the generator's difficulty settings for this problem (the group column)
 
 ``ground_truth`` carries what the checker needs (the generator's entry with its metadata,
-and the settings it was made with), so ``prl.producers.rewards:reasoning_gym`` scores a
+and the settings it was made with), so ``prl.rewards:reasoning_gym`` scores a
 completion with the generator's own ``score_answer``. ``extra_info.answer`` is the plain
 answer, for people.
 
@@ -162,7 +162,7 @@ def write_dataset(task: str, train: int, test: int, seed: int, out_dir: str | Pa
     summary = DataSummary(str(out), task, len(train_rows), len(test_rows), groups, drawn, duplicates,
                           round(time.perf_counter() - t0, 2))
     meta = {**summary.__dict__, "seed": seed, "settings": settings, "system_prompt": system_prompt,
-            "reward": "prl.producers.rewards:reasoning_gym", "split": "by unordered question (numbers sorted)",
+            "reward": "prl.rewards:reasoning_gym", "split": "by unordered question (numbers sorted)",
             "reasoning_gym_version": _version("reasoning-gym")}
     (out / "dataset.json").write_text(json.dumps(meta, indent=2) + "\n")
     return summary

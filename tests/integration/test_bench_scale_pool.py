@@ -18,7 +18,7 @@ pytestmark = pytest.mark.kafka
 
 
 def test_producers_in_two_processes_each_answer_their_share_of_the_dispatches(kafka_broker, run_name, tmp_path):
-    args = SimpleNamespace(fetch_max_wait_ms=50, producers=[4], tokens=16, groups_per_batch=4, max_in_flight=64)
+    args = SimpleNamespace(producers=[4], tokens=16, groups_per_batch=4, max_in_flight=64)
     config = write_config(tmp_path / "scale.toml", kafka_broker.bootstrap, run_name, tmp_path / "run", args, "copy")
     transport = KafkaTransport(load_config(config).transport.kafka)
     transport.ensure_topics(run_name)

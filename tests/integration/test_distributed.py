@@ -27,23 +27,21 @@ def run_learner(tmp_path, run_dir, world, max_steps):
 [run]
 run_dir = "{run_dir}"
 log_format = "json"
+threads = 1
 [scheduler]
 tau_max = 100
 [learner]
-batches_from = "{tmp_path / 'batches.arrow'}"
 lr = 1e-3
 eval_every = 0
 checkpoint_every = 1
-keep_checkpoints = 5
 micro_batch_tokens = 64
-threads = 1
 max_steps = {max_steps}
 """)
+    args = ["-m", "prl.cli", "learner", "--config", str(config), "--batches-from", str(tmp_path / "batches.arrow")]
     if world == 1:
-        cmd = [sys.executable, "-m", "prl.cli", "learner", "--config", str(config)]
+        cmd = [sys.executable, *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone",
-               "-m", "prl.cli", "learner", "--config", str(config)]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stderr

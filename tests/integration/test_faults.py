@@ -72,7 +72,7 @@ class Cluster:
         self.broker = broker
         self.config = tmp_path / "config.toml"
         write_kafka_config(self.config, broker.bootstrap, run_name, self.run_dir,
-                           scheduler={"tau_max": TAU_MAX, "snapshot_every": 1, "dispatch_timeout_s": 20,
+                           scheduler={"tau_max": TAU_MAX, "dispatch_timeout_s": 20,
                                       "replay": {"warmup_updates": 4}, **scheduler},
                            learner={"max_steps": MAX_STEPS})
         self.procs: dict[str, Process] = {}
@@ -80,7 +80,7 @@ class Cluster:
 
     def start(self, name: str, *overrides: str) -> None:
         service, _, index = name.partition("-")
-        extra = (["--set", f'producer.producer_id="{name}"'] if index else []) + [a for o in overrides for a in ("--set", o)]
+        extra = (["--id", name] if index else []) + [a for o in overrides for a in ("--set", o)]
         log = self.dir / f"{name}.{self.starts[name]}.log"
         self.starts[name] += 1
         self.procs[name] = Process([sys.executable, "-m", "prl.cli", service, "--config", str(self.config), *extra],
@@ -113,7 +113,7 @@ class Cluster:
 
     def finish(self) -> None:
         """The learner reaches max_steps; the scheduler and producers see it and exit 0 on
-        their own (run.finish_with_learner), nobody is signalled."""
+        their own, nobody is signalled."""
         wait_until(lambda: self.procs["learner"].proc.poll() is not None, 300, "the learner to finish", 0.5)
         wait_until(lambda: all(p.proc.poll() is not None for p in self.procs.values()), 120,
                    "the scheduler and producers to finish after the learner", 0.5)

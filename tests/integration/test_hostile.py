@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from tests.support.addition import small_addition
 from prl.learner.service import Learner
 from prl.producers.service import Producer
 from prl.models import export_state, load_model, resolve_model_dir
@@ -26,7 +27,7 @@ from prl.schemas.topics import BATCHES, DEADLETTER, POLICY, PROBLEMS, ROLLOUTS
 def config(tmp_path, **extra):
     return load_config(overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}", "learner.eval_every=0",
                                   "scheduler.groups_per_batch=2", "scheduler.max_in_flight=4",
-                                  "task.train_per_digit=[10, 10]", *(f"{k}={v}" for k, v in extra.items())])
+                                  *small_addition(tmp_path / "data", (10, 10)), *(f"{k}={v}" for k, v in extra.items())])
 
 
 class Run:

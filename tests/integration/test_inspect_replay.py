@@ -13,7 +13,7 @@ from prl.cli import inspect, replay
 from prl.transport.kafka import KafkaTransport
 from prl.scheduler.archive import RolloutArchive, read_archive
 from prl.schemas import encode
-from prl.schemas.config import load_config
+from prl.schemas.config import BUILTIN_STRATEGIES, load_config
 from prl.schemas.topics import ROLLOUTS, topic_name
 from tests.support.servers import S3Server, wait_until
 from tests.support.groups import make_groups
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def kafka_config(broker, run_name, **extra):
-    overrides = [f'run.name="{run_name}"', 'transport.type="kafka"', f'transport.kafka.bootstrap_servers="{broker.bootstrap}"',
+    overrides = [f'run.name="{run_name}"', f'transport.kafka.bootstrap_servers="{broker.bootstrap}"',
                  "transport.kafka.session_timeout_ms=3000", *[f"{k}={v}" for k, v in extra.items()]]
     return load_config(overrides=overrides)
 
@@ -131,10 +131,10 @@ def assert_report_and_whatif(uri: str, run_name: str) -> None:
     rep = replay.report(uri, out)
     assert sum(r["groups"] for r in rep["versions"]) == 96 and rep["age_mean"] == 1.0
     assert "mean reward" in replay.format_report(rep)
-    res = replay.whatif(uri, out, progress=False)
-    assert set(res["strategies"]) == set(replay.STRATEGIES)
+    res = replay.whatif(load_config(), uri, out, progress=False)
+    assert set(res["strategies"]) == set(BUILTIN_STRATEGIES)
     assert all(r["rollouts_generated"] == res["rounds"] * res["per_round"] * 4 for r in res["strategies"].values())
-    assert "success_variance" in replay.format_whatif(res)
+    assert "priority" in replay.format_whatif(res)
     fs = fsspec.filesystem("s3")
     for png in ("reward_by_version", "success_trajectories", "age_histogram", "priority_histogram", "whatif"):
         with fs.open(f"prl-archive/{run_name}/replay/{png}.png", "rb") as f:
@@ -144,7 +144,7 @@ def assert_report_and_whatif(uri: str, run_name: str) -> None:
 def assert_published_archive_trains_a_learner(uri: str, groups, kafka_broker, run_name, tmp_path) -> None:
     """publish, then a learner consumes exactly the archived rollouts."""
     cfg = kafka_config(kafka_broker, run_name, **{"run.run_dir": json.dumps(str(tmp_path / "run")), "learner.eval_every": 0,
-                                                  "scheduler.groups_per_batch": 8, "learner.threads": 1})
+                                                  "scheduler.groups_per_batch": 8, "run.threads": 1})
     transport = KafkaTransport(cfg.transport.kafka)
     n_batches = replay.publish(cfg, transport, uri, rate=0, progress=False)
     assert n_batches == 12

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from prl.trust import KEY_ENV_PREFIX
 from prl.schemas.config import load_config
 from prl.schemas.topics import PROBLEMS, TOPICS, topic_name
 
@@ -56,7 +57,8 @@ def test_builtin_resources_pass_strict_validation(overlay, tmp_path):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_config_keys_exist_in_the_model(overlay, tmp_path):
-    """The generated config.toml and every --set in a container's args validate."""
+    """The generated config.toml and every --set in a container's args validate, and the
+    args parse as the command's own (a producer's --id)."""
     _, docs = build(overlay, tmp_path)
     config_file = tmp_path / "config.toml"
     config_file.write_text(config_of(docs))
@@ -65,6 +67,9 @@ def test_config_keys_exist_in_the_model(overlay, tmp_path):
         sets = [a.replace("$(POD_NAME)", "pod-0") for prev, a in zip(args, args[1:]) if prev == "--set"]
         load_config(config_file, sets)  # raises ConfigError naming any unknown or bad key
         assert args[0] in ("scheduler", "producer", "learner") and "/etc/prl/config.toml" in args
+        from prl.cli.parser import build_parser
+
+        build_parser().parse_args([a.replace("$(POD_NAME)", "pod-0") for a in args])  # exits on an unknown flag
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -75,8 +80,7 @@ def test_every_topic_has_a_matching_kafka_topic(overlay, tmp_path):
     run = cfg["run"]["name"]
     max_bytes = cfg["transport"]["kafka"].get("max_message_bytes", model.transport.kafka.max_message_bytes)
     topics = {d["spec"]["topicName"]: d["spec"] for d in docs if d["kind"] == "KafkaTopic"}
-    if not topics:  # an existing Kafka: the services create the topics themselves
-        assert cfg["transport"]["kafka"]["create_topics"] is True
+    if not topics:  # an existing Kafka: the services create the missing topics themselves
         return
     assert set(topics) == {topic_name(run, kind) for kind in TOPICS}
     for kind, spec in TOPICS.items():
@@ -95,9 +99,11 @@ def test_every_topic_has_a_matching_kafka_topic(overlay, tmp_path):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_probes_point_at_the_port_services_listen_on(overlay, tmp_path):
     _, docs = build(overlay, tmp_path)
-    port = tomllib.loads(config_of(docs))["run"]["http_port"]
     for w in workloads(docs):
         c = w["spec"]["template"]["spec"]["containers"][0]
+        http = c["args"][c["args"].index("--http") + 1]  # /health and /metrics on the pod's address
+        assert http.startswith("0.0.0.0:")
+        port = int(http.rpartition(":")[2])
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         for probe in ("livenessProbe", "readinessProbe"):
             get = c[probe]["httpGet"]
@@ -162,12 +168,12 @@ def test_control_topics_are_signed_and_each_service_gets_only_its_keys(overlay, 
     reads or writes it (the producers cannot sign batches); metrics bind the pod address."""
     _, docs = build(overlay, tmp_path)
     cfg = load_config(overrides=[]).model_validate(tomllib.loads(config_of(docs)))
-    assert {"policy", "batches"} <= set(cfg.transport.signed_kinds) and cfg.run.http_host == "0.0.0.0"
+    assert {"policy", "batches"} <= set(cfg.transport.signed_kinds)
     kinds = service_kinds()
     for w in workloads(docs):
         c = w["spec"]["template"]["spec"]["containers"][0]
-        keys = {e["name"] for e in c["env"] if e["name"].startswith(cfg.transport.key_env_prefix)}
-        assert keys == {f"{cfg.transport.key_env_prefix}{k.upper()}" for k in kinds[c["args"][0]] & set(cfg.transport.signed_kinds)}
+        keys = {e["name"] for e in c["env"] if e["name"].startswith(KEY_ENV_PREFIX)}
+        assert keys == {f"{KEY_ENV_PREFIX}{k.upper()}" for k in kinds[c["args"][0]] & set(cfg.transport.signed_kinds)}
         assert all(e["valueFrom"]["secretKeyRef"]["name"] == "prl-signing-keys" for e in c["env"] if e["name"] in keys)
 
 

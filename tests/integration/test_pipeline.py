@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.addition import small_addition
 from prl.formulas import rollout_age
 from prl.transport.memory import MemoryBroker, MemoryTransport
 from prl.schemas import DeadLetter, RolloutGroup, decode, encode, headers, topic_name
@@ -19,7 +20,7 @@ def small_config(tmp_path, **extra):
     overrides = [
         f"run.run_dir={json.dumps(str(tmp_path / 'run'))}",
         "scheduler.groups_per_batch=4", "scheduler.max_in_flight=8", "learner.eval_every=0",
-        "task.train_per_digit=[20, 20]", "task.heldout_per_digit=10",
+        *small_addition(tmp_path / "data"),
     ] + [f"{k}={v}" for k, v in extra.items()]
     return load_config(overrides=overrides)
 
@@ -105,8 +106,7 @@ def test_prl_run_screen_is_one_line_per_evaluation_and_a_summary(tmp_path, capsy
     from prl.cli import main
 
     run_dir = tmp_path / "run"
-    assert main(["run", "--run-dir", str(run_dir), "--max-steps", "4", "--set", "learner.eval_every=2",
-                 "--set", "task.heldout_per_digit=10"]) == 0
+    assert main(["run", "--run-dir", str(run_dir), "--max-steps", "4", "--set", "learner.eval_every=2"]) == 0
     screen = [seg for line in capsys.readouterr().err.splitlines() for seg in line.split("\r")]
     shown = [s.strip() for s in screen if s.strip() and not s.strip().startswith("learner steps")]
     evals = [s for s in shown if s.startswith("step ")]
@@ -115,7 +115,7 @@ def test_prl_run_screen_is_one_line_per_evaluation_and_a_summary(tmp_path, capsy
     assert len(shown) == len(evals) + 2 + 1 + 5  # finished, wrote; the table: header, overall, four difficulties
     assert "step" in (run_dir / "prl.log").read_text() and json.loads((run_dir / "summary.json").read_text())["steps"] == 4
     assert main(["run", "--run-dir", str(tmp_path / "json"), "--max-steps", "2", "--log-format", "json",
-                 "--set", "learner.eval_every=2", "--set", "task.heldout_per_digit=10"]) == 0
+                 "--set", "learner.eval_every=2"]) == 0
     lines = capsys.readouterr().err.splitlines()
     assert lines and all(json.loads(line) for line in lines)
     assert json.loads(lines[-1])["event"] == "run_finished"
@@ -126,8 +126,7 @@ def test_prl_run_three_steps(tmp_path):
     from prl.cli import main
 
     run_dir = tmp_path / "run"
-    assert main(["run", "--run-dir", str(run_dir), "--max-steps", "3", "--no-progress",
-                 "--set", "task.heldout_per_digit=20"]) == 0
+    assert main(["run", "--run-dir", str(run_dir), "--max-steps", "3", "--no-progress"]) == 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if "learner/loss" in r]
     assert steps == [1, 2, 3]
@@ -142,28 +141,13 @@ def test_prl_run_three_steps(tmp_path):
     assert set(archive["policy_version"].to_pylist()) <= {0, 1, 2, 3}
 
 
-def test_an_annealed_learning_rate_follows_the_version_across_a_restart(tmp_path):
-    """learner.lr_decay_steps: each step trains at the rate its version gives, and a run that
-    resumes goes on from there, not from lr nor from the restored optimizer's last rate."""
-    from prl.cli import main
-
-    run_dir = tmp_path / "run"
-    argv = ["run", "--run-dir", str(run_dir), "--no-progress", "--set", "task.heldout_per_digit=10", "--set",
-            "learner.eval_every=0", "--set", "learner.lr=1e-4", "--set", "learner.lr_decay_steps=4"]
-    assert main([*argv, "--max-steps", "2"]) == 0
-    assert main([*argv, "--max-steps", "5"]) == 0  # resumes at version 2
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rates = {r["step"]: r["learner/lr"] for r in rows if "learner/loss" in r}
-    assert rates == pytest.approx({1: 1e-4, 2: 7.5e-5, 3: 5e-5, 4: 2.5e-5, 5: 0.0})
-
-
 def test_scheduler_snapshot_restores_state(tmp_path):
     """A restarted scheduler continues from its last snapshot: same in-flight table,
     counters, pending fresh groups and sampler state."""
     from prl.producers.service import Producer
     from prl.scheduler.service import Scheduler
 
-    cfg = small_config(tmp_path, **{"scheduler.snapshot_every": 1, "scheduler.max_batches_ahead": 2,
+    cfg = small_config(tmp_path, **{"scheduler.max_batches_ahead": 2,
                                     "scheduler.replay.warmup_updates": 0})
     transport = MemoryTransport(MemoryBroker())
     transport.ensure_topics(cfg.run.name)
@@ -270,7 +254,7 @@ def test_batches_are_composed_for_the_version_that_will_train_them(tmp_path):
     now; rollouts that would be older than tau_max by then are dropped by the scheduler
     (and counted), so the learner never receives a rollout it has to drop."""
     cfg = small_config(tmp_path, **{"scheduler.tau_max": 2, "scheduler.max_batches_ahead": 5, "sampling.group_size": 4,
-                                    "scheduler.replay.enabled": "false", "scheduler.snapshot_every": 0})
+                                    "scheduler.replay.ratio": 0})
     run = ScriptedProducer(cfg, lambda n: (1.0, 0.0, 0.0, 0.0))  # stuck at version 0
     wait_until(lambda: run.step() >= 40, 30, "40 groups answered (the scheduler stalls if it keeps stale groups)")
     run.settle()
@@ -281,19 +265,19 @@ def test_batches_are_composed_for_the_version_that_will_train_them(tmp_path):
     assert stale == run.answered - 3 * 4 - len(run.scheduler.fresh)
 
 
-@pytest.mark.parametrize("strategy, dynamic", [("success_variance", False), ("dapo_filter", True)])
+@pytest.mark.parametrize("strategy, dynamic", [("priority", False), ("dapo_filter", True)])
 def test_batch_is_what_survives_of_groups_per_batch_unless_dynamic_sampling(tmp_path, strategy, dynamic):
     """Without dynamic sampling a batch is the groups with a signal among groups_per_batch
     returned ones (every strategy takes one step per groups_per_batch groups generated);
     with it (DAPO), generation goes on until groups_per_batch groups with a signal fill it."""
-    cfg = small_config(tmp_path, **{"scheduler.strategy": f"'{strategy}'", "scheduler.replay.enabled": "false",
-                                    "scheduler.max_batches_ahead": 100, "scheduler.tau_max": 100, "scheduler.snapshot_every": 0,
+    cfg = small_config(tmp_path, **{"scheduler.strategy": f"'{strategy}'", "scheduler.replay.ratio": 0,
+                                    "scheduler.max_batches_ahead": 100, "scheduler.tau_max": 100,
                                     "sampling.group_size": 4})
-    assert cfg.dynamic_sampling is dynamic and cfg.filters_zero_variance
     run = ScriptedProducer(cfg, lambda n: [0.0] * 4 if n % 2 else [1.0, 0.0, 0.0, 0.0])  # every other group: no signal
     wait_until(lambda: run.step() >= 48, 30, "48 groups answered")
     run.settle()
     answered, trained, groups_per_batch = run.answered, run.trained, cfg.scheduler.groups_per_batch
+    assert run.scheduler.dynamic_sampling is dynamic and run.scheduler.zero_variance_filter
     assert all(len({r.problem_id for r in b.rollouts}) == (groups_per_batch if dynamic else groups_per_batch // 2)
                for b in trained)
     assert all(any(r.reward for r in b.rollouts[i:i + 4]) for b in trained for i in range(0, len(b.rollouts), 4))
@@ -418,8 +402,7 @@ def test_prl_run_says_why_when_no_problem_can_be_served_and_exits(tmp_path, caps
         rows = [{"id": f"q{i}", "prompt": "1" * 100 + "+1=", "answer": "2"} for i in range(40)]
     train = write_problems(tmp_path / "train.jsonl", rows)
     t0 = time.monotonic()
-    code = main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", "task.name='dataset'",
-                 "--set", f"task.train_path={json.dumps(train)}"])
+    code = main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", f"task.train_path={json.dumps(train)}"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and time.monotonic() - t0 < 60
     assert err.startswith("prl run: no problem can be dispatched: producers could not serve 40 of 40")
@@ -447,23 +430,23 @@ def test_replay_train_learns_from_the_archive_into_a_new_run_dir(tmp_path, capsy
     assert "already holds checkpoints" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("prior", ["group", "pooled", "flat"])
-def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys, prior):
-    """The group is named where the prior uses it (not under the pooled or flat prior)."""
+@pytest.mark.parametrize("label", [True, False])
+def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys, label):
+    """The group is named where the prior uses it (with task.group_field, not without)."""
     import pyarrow.dataset as ds
 
     from prl.cli import main
     from prl.tasks import addition
 
     run = str(tmp_path / "run")
-    prior_set = ["--set", f"scheduler.priority.prior='{prior}'"]
+    prior_set = ["--set", "task.group_field='difficulty'"] if label else []
     assert main(["run", "--run-dir", run, "--max-steps", "3", "--no-progress", "--set", "learner.eval_every=0", *prior_set]) == 0
     archived = ds.dataset(f"{run}/archive", format="parquet", partitioning="hive").to_table()["problem_id"].to_pylist()
-    never = next(p.id for p in addition.train_pool([80, 600, 600, 600], 0) if p.id not in set(archived))
+    never = next(p.id for p in addition.train_pool([80, 600, 600, 600]) if p.id not in set(archived))
     capsys.readouterr()
     assert main(["explain", archived[0], "--set", f"run.run_dir='{run}'", *prior_set]) == 0
     out = capsys.readouterr().out
-    heading = f"{archived[0]} (group " if prior == "group" else f"{archived[0]} at learner version "
+    heading = f"{archived[0]} (group " if label else f"{archived[0]} at learner version "
     assert out.startswith(heading) and "priority p(1-p) = " in out and "archived group(s):" in out
     assert "trained" in out and "rewards " in out
     assert main(["explain", never, "--run-dir", run, *prior_set]) == 0  # every command takes --run-dir
@@ -544,8 +527,7 @@ def test_prl_run_stopped_by_ctrl_c_checkpoints_its_step_and_continues(tmp_path, 
 
     sender = threading.Thread(target=interrupt, daemon=True)
     sender.start()
-    argv = ["run", "--run-dir", str(run_dir), "--max-steps", "500", "--no-progress", "--max-minutes", "3", "--set", "learner.checkpoint_every=1000",
-            "--set", "task.heldout_per_digit=10", "--set", "learner.eval_every=0"]
+    argv = ["run", "--run-dir", str(run_dir), "--max-steps", "500", "--no-progress", "--max-minutes", "3", "--set", "learner.checkpoint_every=1000", "--set", "learner.eval_every=0"]
     assert main(argv) == 130
     sender.join(timeout=5)
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -65,21 +65,20 @@ def real_config(model_dir, tmp_path):
     write_dataset("chain_sum", 8, 2, seed=0, out_dir=tmp_path / "data",
                   settings={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
     return load_config(overrides=[f"{k}={json.dumps(v)}" for k, v in {
-        "run.run_dir": str(tmp_path / "run"), "model.path": str(model_dir), "task.name": "dataset",
-        "task.train_path": str(tmp_path / "data" / "train.parquet"), "producer.reward": "prl.producers.rewards:reasoning_gym",
+        "run.run_dir": str(tmp_path / "run"), "model.path": str(model_dir),
+        "task.train_path": str(tmp_path / "data" / "train.parquet"), "producer.reward": "prl.rewards:reasoning_gym",
         "sampling.group_size": 4, "sampling.max_tokens": 8, "scheduler.strategy": "uniform",
-        "scheduler.groups_per_batch": 2, "scheduler.max_in_flight": 2, "scheduler.replay.enabled": False,
-        "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": "auto", "learner.keep_checkpoints": 1,
+        "scheduler.groups_per_batch": 2, "scheduler.max_in_flight": 2, "scheduler.replay.ratio": 0,
+        "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": "auto",
     }.items()])
 
 
 def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     """Scheduler, producer and learner on the in-memory transport with the real model:
     chat prompts rendered by SmolLM2's template, one GRPO step, a checkpoint the producer loads
-    (checksum-verified) and the benchmark scores; a tampered checkpoint is refused."""
+    (checksum-verified); a tampered checkpoint is refused."""
     import torch
 
-    from benchmarks.learning import pool_accuracy
     from prl.learner.service import Learner
     from prl.producers.service import Producer
     from prl.models import read_weights
@@ -104,8 +103,6 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     trained, served = learner.model.state_dict(), producer.backend.model.state_dict()
     assert all(torch.equal(trained[k], served[k]) for k in served)
     assert producer.counters["groups_published"] >= 2 and producer.counters.get("problem_errors", 0) == 0
-    pool = pool_accuracy(cfg)  # the benchmark's "pool" column on a dataset task: this checkpoint on the 8 problems
-    assert set(pool) == {"accuracy", "accuracy_d0"} and 0 <= pool["accuracy"] <= 1
     with open(learner.checkpoint_uri.removeprefix("file://") + "/model.safetensors", "r+b") as f:
         f.seek(-64, 2)
         f.write(b"\x00" * 64)

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
 def write_config(path, broker, run_name, run_dir, max_steps, checkpoint_every=1):
-    return write_kafka_config(path, broker.bootstrap, run_name, run_dir, scheduler={"filter_zero_variance": False},
+    return write_kafka_config(path, broker.bootstrap, run_name, run_dir, scheduler={"strategy": "uniform"},
                               learner={"max_steps": max_steps, "eval_every": 2, "checkpoint_every": checkpoint_every})
 
 
@@ -47,6 +47,9 @@ def test_services_over_kafka(kafka_broker, run_name, tmp_path):
     assert_rollouts_carry_policy_versions(kafka_broker, run_name)
     assert_no_error_logged(procs)
     assert not [n for n, p in procs.items() if "dead_lettered" in p.log_path.read_text()]  # a clean run refuses nothing
+    files = sorted(p.name for p in run_dir.glob("metrics*.jsonl"))  # every service writes its own
+    assert len(files) == 3 and files[0] == "metrics-learner.jsonl" and files[2] == "metrics-scheduler.jsonl"
+    assert files[1].startswith("metrics-producer-") and '"producer/tokens_per_s"' in (run_dir / files[1]).read_text()
     from prl.cli.inspect import report
 
     pngs = report(f"file://{run_dir}")  # every service's metrics, one page; the learning curve

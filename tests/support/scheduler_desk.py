@@ -6,18 +6,18 @@ import json
 import numpy as np
 
 from prl.transport.memory import MemoryBroker, MemoryTransport
+from tests.support.addition import small_addition
 from prl.schemas import Dispatch, Rollout, RolloutGroup, decode, encode, headers, topic_name
 from prl.schemas.config import load_config
 from prl.schemas.topics import PROBLEMS, ROLLOUTS
 
 
 def desk_config(tmp_path, **extra):
-    """A small flat-prior run without replay or archive, 4 groups of 8 per batch; ``extra``: KEY=VALUE overrides."""
+    """A small unlabelled priority run without replay, 4 groups of 8 per batch; ``extra``: KEY=VALUE overrides."""
     overrides = [
         f"run.run_dir={json.dumps(str(tmp_path / 'run'))}", "sampling.group_size=8",
-        "scheduler.strategy='success_variance'", "scheduler.priority.prior='flat'", "scheduler.replay.enabled=false",
-        "scheduler.groups_per_batch=4", "scheduler.max_in_flight=4", "scheduler.archive=false",
-        "task.train_per_digit=[20, 20]", "task.heldout_per_digit=10",
+        "scheduler.strategy='priority'", "scheduler.replay.ratio=0",
+        "scheduler.groups_per_batch=4", "scheduler.max_in_flight=4", *small_addition(tmp_path / "data"),
     ] + [f"{k}={v}" for k, v in extra.items()]
     return load_config(overrides=overrides)
 

@@ -7,16 +7,13 @@ from prl.cli import main
 
 @pytest.mark.parametrize("argv, line", [
     (["learning", "--seeds", "0"], "argument --seeds: '0' is not a whole number >= 1"),
-    (["learning", "--budget", "-5"], "argument --budget: '-5' is not a whole number >= 1"),
-    (["learning", "--targets", "0.4", "2"], "argument --targets: '2' is not a number from 0 to 1"),
-    (["learning", "--lr", "full=abc"], "--lr full=abc: the rate must be a number between 0 and 1"),
-    (["learning", "--lr", "nosuch=1e-5"], "--lr nosuch=1e-5: unknown strategy 'nosuch'"),
+    (["learning", "--rollouts", "-5"], "argument --rollouts: '-5' is not a whole number >= 1"),
+    (["learning", "--target", "2"], "argument --target: '2' is not a number from 0 to 1"),
+    (["learning", "--strategies", "full"], "argument --strategies: invalid choice: 'full'"),
     (["scheduler", "--problems", "many"], "argument --problems: 'many' is not a whole number >= 1"),
     (["scale", "--producers", "8", "0"], "argument --producers: '0' is not a whole number >= 1"),
     (["scale", "--call-s", "0"], "argument --call-s: '0' is not a number > 0"),
     (["scale", "--producer-processes", "0"], "argument --producer-processes: '0' is not a whole number >= 1"),
-    (["staleness", "--ms-per-token", "0"], "argument --ms-per-token: '0' is not a number > 0"),
-    (["staleness", "--publish", "stream"], "argument --publish: invalid choice: 'stream'"),
     (["replay", "--ratio", "1.5"], "argument --ratio: '1.5' is not a number from 0 to 1"),
     (["real", "--long-tokens", "-1"], "argument --long-tokens: '-1' is not a whole number >= 0"),
     (["memory", "--prompts", "0"], "argument --prompts: '0' is not a whole number >= 1"),
@@ -41,3 +38,18 @@ def test_the_memory_benchmark_sets_both_ways_side_by_side_and_they_generate_the_
     stored = json.loads((tmp_path / "m.json").read_text())
     assert stored["same_first_completion"] is True
     assert all(stored[way]["peak_mb"] >= stored[way]["model_loaded_mb"] > 0 for way in ("per_step", "stacked"))
+
+
+def test_the_learning_benchmark_sets_each_strategy_beside_its_baselines(capsys, tmp_path):
+    """One short run per strategy: the table of medians, and every strategy against uniform
+    and DAPO in the same output, the runs in its --json."""
+    import json
+
+    out_json = tmp_path / "l.json"
+    assert main(["bench", "learning", "--seeds", "1", "--strategies", "uniform", "dapo_filter", "default", "--rollouts", "600",
+                 "--jobs", "1", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "against uniform:" in out and "against dapo_filter:" in out
+    stored = json.loads(out_json.read_text())
+    assert {r["strategy"] for r in stored["runs"]} == {"uniform", "dapo_filter", "default"}
+    assert all(r["rollouts"] >= 600 and r["curve"][0][0] == 0 for r in stored["runs"])

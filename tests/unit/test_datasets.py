@@ -17,7 +17,9 @@ def test_jsonl_plain(tmp_path):
     uri = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "1+1=", "answer": "2", "difficulty": 1},
                                              {"id": "b", "prompt": "9+9=", "answer": "81", "difficulty": 2}])
     problems = load_problems(uri)
-    assert [(p.id, p.prompt, p.answer, p.group_key) for p in problems] == [("a", "1+1=", "2", "1"), ("b", "9+9=", "81", "2")]
+    assert [(p.id, p.prompt, p.answer, p.difficulty, p.group) for p in problems] == [("a", "1+1=", "2", 1, ""),
+                                                                                     ("b", "9+9=", "81", 2, "")]
+    assert [p.group for p in load_problems(uri, group_field="difficulty")] == ["1", "2"]  # the label, when asked for
 
 
 def test_verl_style_parquet_through_fsspec():
@@ -28,7 +30,7 @@ def test_verl_style_parquet_through_fsspec():
     with fsspec.open("memory://ds/train.parquet", "wb") as f:
         pq.write_table(table, f)
     (p,) = load_problems("memory://ds/train.parquet", group_field="data_source")
-    assert p.id == "7" and p.answer == "4" and p.group_key == "gsm8k" and p.chat
+    assert p.id == "7" and p.answer == "4" and p.group == "gsm8k" and p.chat
     assert json.loads(p.prompt) == [{"role": "user", "content": "What is 2+2?"}]
 
 
@@ -37,11 +39,12 @@ def test_verl_style_parquet_through_fsspec():
     ([{"id": "a", "prompt": "x", "answer": "1"}, {"id": "a", "prompt": "y", "answer": "2"}], "row 2: duplicate id 'a'"),
     ([{"id": "a", "prompt": "  ", "answer": "1"}], "row 1: empty prompt"),
     ([{"prompt": "x", "answer": "1"}], "row 1: missing column 'id' (or extra_info.index)"),
+    ([{"id": "a", "prompt": "x", "answer": "1"}], "row 1: missing column 'level' (task.group_field)"),
 ])
 def test_bad_rows_name_file_and_row(tmp_path, rows, message):
     uri = write_jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(DatasetError) as exc:
-        load_problems(uri)
+        load_problems(uri, group_field="level" if "level" in message else None)
     assert str(exc.value) == f"{uri}: {message}"
 
 
@@ -66,7 +69,7 @@ def test_scheduler_runs_on_a_dataset(tmp_path):
 
     uri = write_jsonl(tmp_path / "d.jsonl", [{"id": f"p{i}", "prompt": f"{i}+1=", "answer": str(i + 1)[::-1],
                                               "difficulty": i % 2} for i in range(10)])
-    cfg = load_config(overrides=["task.name='dataset'", f"task.train_path='{uri}'", "scheduler.groups_per_batch=2",
+    cfg = load_config(overrides=[f"task.train_path='{uri}'", "task.group_field='difficulty'", "scheduler.groups_per_batch=2",
                                  "scheduler.max_in_flight=4", f"run.run_dir='{tmp_path}'"])
     transport = MemoryTransport()
     transport.ensure_topics(cfg.run.name)

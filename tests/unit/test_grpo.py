@@ -89,8 +89,10 @@ def test_micro_batched_loss_and_gradients_equal_whole_batch():
     for budget in (10_000, 40, 16):
         model = load_model("builtin:tiny-adder")
         opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: compare gradients, weights unchanged
-        cfg = LearnerConfig(micro_batch_tokens=budget, grad_clip=1e9)
-        m = train_step(model, opt, rollouts, cfg)
+        cfg = LearnerConfig(micro_batch_tokens=budget)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("prl.learner.train.GRAD_CLIP", 1e9)  # compare the gradients themselves
+            m = train_step(model, opt, rollouts, cfg)
         losses.append(m["loss"])
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         if budget < 10_000:
@@ -138,33 +140,3 @@ def test_bf16_autocast_auto_trains_in_bf16_only_where_the_device_has_it_natively
     train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), random_rollouts(4, seed=3),
                      LearnerConfig(bf16_autocast=setting))
     assert enabled == [autocast]
-
-
-def test_updates_per_batch_steps_the_optimizer_that_many_times_on_one_batch():
-    """GRPO's mu: mu optimizer steps on one batch, each moving the weights further; the step's
-    metrics are the first pass's (the batch against the policy it arrived at), as with one."""
-    from prl.learner.train import train_step
-    from prl.models import load_model
-    from prl.schemas.config import LearnerConfig
-
-    rollouts = random_rollouts(12, seed=2)
-    runs = {}
-    for mu in (1, 3):
-        torch.manual_seed(0)
-        model = load_model("builtin:tiny-adder")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        steps = []
-        opt.register_step_post_hook(lambda *_: steps.append(1))
-        m = train_step(model, opt, rollouts, LearnerConfig(updates_per_batch=mu))
-        runs[mu] = (len(steps), m, torch.cat([p.detach().flatten() for p in model.parameters()]))
-    assert runs[1][0] == 1 and runs[3][0] == 3
-    assert runs[3][1]["loss"] == pytest.approx(runs[1][1]["loss"], rel=1e-6)
-    assert not torch.allclose(runs[3][2], runs[1][2])  # the later updates moved the weights further
-
-
-def test_annealed_lr_falls_linearly_to_its_final_share_and_holds_there():
-    from prl.learner.train import annealed_lr
-
-    assert [annealed_lr(1e-4, v, 4, 0.0) for v in (0, 1, 2, 3, 4, 9)] == pytest.approx([1e-4, 7.5e-5, 5e-5, 2.5e-5, 0, 0])
-    assert annealed_lr(1e-4, 2, 4, 0.5) == pytest.approx(7.5e-5) and annealed_lr(1e-4, 7, 4, 0.5) == pytest.approx(5e-5)
-    assert {annealed_lr(1e-4, v, 0, 0.0) for v in (0, 5, 500)} == {1e-4}  # decay_steps 0: constant

@@ -18,19 +18,17 @@ def test_learning_curve_lines(monkeypatch, tmp_path, difficulties, labels):
     assert [line.get_label() for line in drawn[0].axes[0].get_lines()] == labels
 
 
-@pytest.mark.parametrize("weight, top", [("variance", 0.25), ("signal", 1.0), ("solvable", 1.0)])
-def test_the_priority_histogram_spans_what_the_weight_can_be(monkeypatch, tmp_path, weight, top, recwarn):
-    """A chance weighs up to 1, p(1-p) up to 1/4: every problem is counted in a bar, and the
-    axis names the weight (a p(1-p) axis once left every problem above 1/4 of a "solvable" run
-    outside the bars, and warned when none was left inside)."""
+def test_the_priority_histogram_counts_every_problem_up_to_a_quarter(monkeypatch, tmp_path, recwarn):
+    """p(1-p) reaches 1/4: every problem is counted in a bar, and an empty histogram does not
+    warn about its log axis."""
     import numpy as np
 
     drawn = []
     monkeypatch.setattr(plots, "save_png", lambda fig, uri, dpi: drawn.append(fig))
-    priorities = np.array([0.0, 0.1, 0.2, top])
-    plots.priority_histogram(priorities, np.array([0.1, np.nan]), str(tmp_path / "h.png"), weight=weight)
+    priorities = np.array([0.0, 0.1, 0.2, 0.25])
+    plots.priority_histogram(priorities, np.array([0.1, np.nan]), str(tmp_path / "h.png"))
     axis = drawn[0].axes[0]
     assert sum(bar.get_height() for bar in axis.patches) == len(priorities)
-    assert axis.get_xlabel() == plots.PRIORITY_LABELS[weight] and axis.get_yscale() == "log"
-    plots.priority_histogram(np.array([]), np.array([np.nan]), str(tmp_path / "e.png"), weight=weight)  # nothing to count
+    assert axis.get_xlabel() == "priority p(1-p)" and axis.get_yscale() == "log"
+    plots.priority_histogram(np.array([]), np.array([np.nan]), str(tmp_path / "e.png"))  # nothing to count
     assert not [w for w in recwarn if "log-scaled" in str(w.message)]

@@ -35,15 +35,15 @@ def test_train_and_test_share_no_problem_nor_swapped_twin(tmp_path):
     truth = json.loads(row["reward_model"]["ground_truth"])
     assert truth["answer"] == row["extra_info"]["answer"] and truth["settings"] == {"max_value": 30}
     meta = json.loads((tmp_path / "dataset.json").read_text())
-    assert meta["seed"] == 3 and meta["reward"] == "prl.producers.rewards:reasoning_gym"
+    assert meta["seed"] == 3 and meta["reward"] == "prl.rewards:reasoning_gym"
 
 
 def test_rows_load_as_chat_problems_grouped_by_difficulty(tmp_path):
     write_dataset("chain_sum", 40, 10, seed=0, out_dir=tmp_path,
                   settings={"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1})
-    problems = load_problems(str(tmp_path / "train.parquet"))
+    problems = load_problems(str(tmp_path / "train.parquet"), group_field="difficulty")
     assert len(problems) == 40 and all(p.chat for p in problems)
-    assert {p.group_key for p in problems} == {"num_digits=1,num_terms=2", "num_digits=1,num_terms=3"}
+    assert {p.group for p in problems} == {"num_digits=1,num_terms=2", "num_digits=1,num_terms=3"}
     assert json.loads(problems[0].prompt)[-1]["role"] == "user"
 
 
@@ -83,7 +83,7 @@ def test_cli_makes_data_and_reports_errors_in_one_line(tmp_path, capsys):
     assert main(["data", "reasoning-gym", "gcd", "--train", "20", "--test", "5", "--out", str(tmp_path / "d"),
                  "--set", "max_value=50"]) == 0
     out = capsys.readouterr().out
-    assert "train.parquet (20 problems)" in out and "prl.producers.rewards:reasoning_gym" in out
+    assert "train.parquet (20 problems)" in out and "prl.rewards:reasoning_gym" in out
     assert main(["data", "reasoning-gym", "nosuch", "--train", "2", "--test", "1", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown reasoning-gym task 'nosuch'" in err

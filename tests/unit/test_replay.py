@@ -93,13 +93,10 @@ def test_zero_signal_groups_are_dropped_and_counted_when_filtering():
     assert nothing.batch is None and nothing.zero_signal_dropped == 2
 
 
-def test_advantages_are_frozen_scaled_by_the_groups_std_unless_configured_not_to():
+def test_advantages_are_frozen_scaled_by_the_groups_std():
     groups = [group(0, rewards=(1.0, 0.0, 0.0, 0.0))]
     scaled = compose_batch(groups, seq=0, learner_version=0, rollouts_generated=0, tau_max=1, max_tokens=10**6)
-    unscaled = compose_batch(groups, seq=0, learner_version=0, rollouts_generated=0, tau_max=1, max_tokens=10**6,
-                             advantage_std=False)
     assert [r.advantage for r in scaled.batch.rollouts] == pytest.approx([3 ** 0.5] + [-(3 ** -0.5)] * 3, abs=1e-5)
-    assert [r.advantage for r in unscaled.batch.rollouts] == [0.75, -0.25, -0.25, -0.25]
 
 
 def test_token_budget_carries_groups_over():

@@ -30,7 +30,7 @@ def test_problems_trained_counts_distinct_problems_that_entered_a_batch_and_surv
 def test_problems_trained_leaves_out_groups_without_a_signal_when_they_are_trained_unfiltered(tmp_path):
     """Uniform GRPO trains zero-variance groups too (zero advantages, no gradient): they do
     not count as problems trained, so the count compares across strategies."""
-    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.filter_zero_variance": "false"})
+    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.strategy": "'uniform'"})
     looks = desk.read()
     for d, rewards in zip(looks, ([1.0, 0.0] * 4, [0.0] * 8, [0.0] * 8, [1.0] * 8)):
         desk.answer(d, rewards)
@@ -40,14 +40,13 @@ def test_problems_trained_leaves_out_groups_without_a_signal_when_they_are_train
     assert scheduler.trained[scheduler.index[looks[0].problem_id]] == 1
 
 
-@pytest.mark.parametrize("scaled, success, failure", [("true", 7 ** 0.5, -(7 ** -0.5)), ("false", 0.875, -0.125)])
-def test_the_published_batch_carries_the_configured_advantages(tmp_path, scaled, success, failure):
-    """scheduler.advantage_std reaches the batches the learner trains: GRPO's std-scaled
-    advantages by default, Dr. GRPO's r - mean(r) when false."""
+def test_the_published_batch_carries_grpo_s_advantages(tmp_path):
+    """The batches the learner trains carry each group's std-scaled advantages, frozen."""
     from prl.schemas import TrainBatch
     from prl.schemas.topics import BATCHES
 
-    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.advantage_std": scaled})
+    cfg, transport, scheduler, desk = started(tmp_path)
+    success, failure = 7 ** 0.5, -(7 ** -0.5)
     batches = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=None)
     for d in desk.read():
         desk.answer(d, [1.0] + [0.0] * 7)
