@@ -32,7 +32,7 @@ import json
 import statistics
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from benchmarks.common import count, fraction, natural, quiet_console, write_json
 
@@ -46,7 +46,7 @@ STRATEGIES = {
 }
 BASELINES = ("uniform", "dapo_filter")
 TASKS = {  # task -> (rollout budget, target accuracy)
-    "builtin": (12_800, 0.38),
+    "builtin": (25_600, 0.38),  # what prl run generates in its 200 steps
     "chain_sum": (1_500, 0.36),
 }
 
@@ -109,16 +109,26 @@ def report(table: dict, target: float) -> str:
     return "\n".join(lines)
 
 
+def held(curve: list, xs) -> list[float]:
+    """The curve's accuracy at each of ``xs`` rollouts (each evaluation holds until the next)."""
+    return [next(acc for x0, acc in reversed(curve) if x0 <= x) for x in xs]
+
+
 def curves_png(runs: list[dict], out: str, title: str) -> None:
-    """Every run's curve, one colour per strategy."""
+    """Per strategy, the median over seeds (thick) and every seed (thin)."""
+    import numpy as np
+
     from prl.plots import pyplot, save_png
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    colours = {name: f"C{i}" for i, name in enumerate(STRATEGIES)}
-    for r in runs:
-        ax.plot(*zip(*r["curve"]), color=colours[r["strategy"]], alpha=0.6, lw=1,
-                label=r["strategy"] if r["seed"] == min(x["seed"] for x in runs) else None)
+    xs = np.linspace(0, min(r["curve"][-1][0] for r in runs), 60)
+    for i, name in enumerate(dict.fromkeys(r["strategy"] for r in runs)):
+        mine = [r for r in runs if r["strategy"] == name]
+        for r in mine:
+            ax.plot(*zip(*r["curve"]), color=f"C{i}", alpha=0.15, lw=0.8)
+        ax.plot(xs, np.median([held(r["curve"], xs) for r in mine], axis=0), color=f"C{i}", lw=2,
+                label=f"{name} (median of {len(mine)})")
     ax.set_xlabel("rollouts generated")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.set_title(title)
@@ -161,7 +171,12 @@ def main(argv=None) -> int:
         jobs = [(s, seed) for seed in range(args.first_seed, args.first_seed + args.seeds) for s in args.strategies]
         n = len(jobs)
         with ProcessPoolExecutor(args.jobs, max_tasks_per_child=1) as pool:
-            runs = list(pool.map(one_run, *zip(*jobs), [budget] * n, [config] * n, [base] * n))
+            futures = [pool.submit(one_run, s, seed, budget, config, base) for s, seed in jobs]
+            for done, future in enumerate(as_completed(futures), 1):  # progress, one line a run
+                r = future.result()
+                print(f"  run {done}/{n}: {r['strategy']} seed {r['seed']}: held-out {r['curve'][-1][1]:.3f} after "
+                      f"{r['rollouts']:,} rollouts, {r['steps']} steps, {r['seconds']:.0f} s", flush=True)
+            runs = [f.result() for f in futures]
     table = {s: figures([r for r in runs if r["strategy"] == s], budget, target) for s in args.strategies}
     print(f"{args.task} task, {args.seeds} seeds, {budget:,} rollouts each")
     print(report(table, target))
