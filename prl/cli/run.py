@@ -52,7 +52,8 @@ def command(args, cfg) -> int:
     else:
         fs, root = fsspec.core.url_to_fs(run_dir)
         files = [f"{run_dir}/{name}" for name in OUTPUTS if fs.exists(f"{root}/{name}")]  # no curve without evaluation
-        print(summary_table(summary, files) + f"; details in {run_log(cfg.run.run_dir) or 'the log'}", file=sys.stderr)
+        log_file = f"{run_dir}/prl.log" if run_log(cfg.run.run_dir) else "the log"  # as the user wrote the directory
+        print(summary_table(summary, files) + f"; details in {log_file}", file=sys.stderr)
     return interrupt.exit_code
 
 
