@@ -65,15 +65,23 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
     return {
         "seed": seed, "start": evals[0]["learner/eval/accuracy"], "end": evals[-1]["learner/eval/accuracy"],
         "end_long": end_long,
-        "curve": [((r["time"] - t0) / 60, r.get("rollouts_generated", 0), r["learner/eval/accuracy"]) for r in evals],
+        "curve": curve_of(evals, t0),
         "rollouts": summary["rollouts_generated"], "steps": summary["steps"], "wall_s": summary["seconds"],
         "train_s": sum(r["learner/train_seconds"] for r in steps),
         "checkpoint_s": sum(r.get("learner/checkpoint_seconds", 0.0) for r in steps),
+        "publish_s": sum(r.get("learner/publish_seconds", 0.0) for r in steps),
+        "version_bytes": [r["learner/version_bytes"] for r in steps if "learner/version_bytes" in r],
+        "first_at_036": next((m for m, _, a in curve_of(evals, t0) if a >= 0.36), None),
         "eval_s": sum(r["learner/eval/eval_seconds"] for r in evals),
         "generate_s": sched[-1]["scheduler/generate_seconds"] if sched else 0.0,
         "signal_share": sched[-1]["scheduler/signal_share"] if sched else 0.0,
         "trained_rollouts": sum(r["learner/rollouts"] for r in steps),
     }
+
+
+def curve_of(evals: list[dict], t0: float) -> list[tuple]:
+    """(minutes since the run began, rollouts generated, held-out accuracy) per evaluation."""
+    return [((r["time"] - t0) / 60, r.get("rollouts_generated", 0), r["learner/eval/accuracy"]) for r in evals]
 
 
 def curves_png(runs: list[dict], out: str, minutes: float) -> None:
@@ -129,12 +137,14 @@ def main(argv=None) -> int:
 
     gains = sorted(100 * (r["end"] - r["start"]) for r in runs)
     print(f"\nSmolLM2-135M-Instruct, reasoning-gym {TASK}, {args.seeds} seeds x {args.minutes:.0f} min of prl run on 2 CPU cores")
-    print(f"{'seed':<6}{'before':>8}{'after':>8}{'points':>8}{'steps':>7}{'rollouts':>10}{'trained':>9}{'wall s':>8}"
-          f"{'generate s':>12}{'train s':>9}{'eval s':>8}{'ckpt s':>8}")
+    print(f"{'seed':<6}{'before':>8}{'after':>8}{'points':>8}{'0.36 at':>8}{'steps':>7}{'rollouts':>10}{'trained':>9}"
+          f"{'wall s':>8}{'generate s':>12}{'train s':>9}{'eval s':>8}{'ckpt s':>8}{'publish s':>11}{'MB/version':>12}")
     for r in runs:
-        print(f"{r['seed']:<6}{r['start']:>8.3f}{r['end']:>8.3f}{100 * (r['end'] - r['start']):>+8.1f}{r['steps']:>7}"
+        at = f"{r['first_at_036']:.1f} m" if r["first_at_036"] is not None else "never"
+        mb = statistics.median(r["version_bytes"]) / 1e6 if r["version_bytes"] else float("nan")
+        print(f"{r['seed']:<6}{r['start']:>8.3f}{r['end']:>8.3f}{100 * (r['end'] - r['start']):>+8.1f}{at:>8}{r['steps']:>7}"
               f"{r['rollouts']:>10,}{r['trained_rollouts']:>9,}{r['wall_s']:>8.0f}{r['generate_s']:>12.0f}"
-              f"{r['train_s']:>9.0f}{r['eval_s']:>8.0f}{r['checkpoint_s']:>8.0f}")
+              f"{r['train_s']:>9.0f}{r['eval_s']:>8.0f}{r['checkpoint_s']:>8.0f}{r['publish_s']:>11.0f}{mb:>12.2f}")
     median_gain = statistics.median(gains)
     print(f"held-out accuracy gain, median of {len(runs)}: {median_gain:+.1f} points (min {gains[0]:+.1f}, max "
           f"{gains[-1]:+.1f}); baseline: the untrained model, {statistics.median(r['start'] for r in runs):.3f} "

@@ -1,5 +1,5 @@
-"""The learner: consume TrainBatches in order, re-check staleness, take a GRPO step,
-checkpoint to object storage, announce the new policy version.
+"""The learner: consume TrainBatches in order, re-check staleness, take a GRPO step, publish
+the new policy version to object storage and announce it; checkpoint every few steps.
 
 Loop, top to bottom:
   1. poll the batch topic (one batch at a time; under torchrun rank 0 polls and broadcasts);
@@ -9,9 +9,18 @@ Loop, top to bottom:
      number was already trained (at-least-once delivery);
   3. drop rollouts older than tau_max and fresh rollouts already trained (both counted),
      train on the rest;
-  4. every ``checkpoint_every`` steps write a checkpoint and commit the batch offsets it
-     covers (so a restarted learner neither skips nor repeats a batch); publish PolicyVersion;
-  5. evaluate on the held-out set every ``eval_every`` steps.
+  4. publish the new version (the weights in ``model.dtype``, as a sparse delta where that is
+     smaller, or the LoRA adapter alone; prl/policy.py) and announce it with a PolicyVersion
+     carrying its checksum;
+  5. every ``checkpoint_every`` steps write a checkpoint (float32 weights, optimizer state,
+     counters) and commit the batch offsets it covers (so a restarted learner neither skips
+     nor repeats a batch);
+  6. evaluate on the held-out set every ``eval_every`` steps.
+
+A restarted learner resumes from its last checkpoint and trains again the batches after it.
+The versions it makes again are not announced: a version number names one set of weights for
+good, so numbering resumes past the newest version in storage (``policy.newest_version``), and
+until the learner passes it, its weights go nowhere.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ from prl.learner.train import make_optimizer, train_step
 from prl import storage
 from prl.formulas import rollout_age
 from prl.generation import TransformersBackend
-from prl.models import bf16_autocast_on, export_state, load_model, load_state, load_tokenizer, native_bf16, resolve_model_dir
+from prl.models import (bf16_autocast_on, export_state, load_model, load_state, load_tokenizer, lora_config, native_bf16,
+                        resolve_model_dir)
+from prl.policy import PolicyWriter, newest_version
 from prl.rewards import load_reward
 from prl.service import Service, ServiceStopped
 from prl.tasks import heldout_problems
@@ -56,13 +67,16 @@ class Learner(Service):
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
-        self.model = load_model(cfg.model.path, cfg.model.dtype)
+        self.model = load_model(cfg.model.path, "float32")  # master weights; versions go out in model.dtype
+        self.lora = cfg.learner.lora_rank > 0
         self.tokenizer = load_tokenizer(cfg.model.path)
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.version, self.last_seq, self.rollouts_generated, self.checkpoint_uri = 0, -1, 0, ""
         self.saved_version = 0  # the version of the last checkpoint (0: the base model)
         self.trained: OrderedDict[str, None] = OrderedDict()  # fresh rollout ids, newest last
         self.resume_and_shard()
+        self.published = newest_version(cfg.run.run_dir)  # numbers up to it are never announced again
+        self.writer = PolicyWriter(cfg.run.run_dir, cfg.model.dtype)
         self.log.info("memory", **distributed.memory_report(self.model, self.dist))
         if self.is_main:
             self.log_precision()
@@ -71,7 +85,8 @@ class Learner(Service):
         if self.is_main:
             self.source = FileSource(batches_from) if batches_from else \
                 TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
-            self.announce()
+            if self.version == self.published == 0:
+                self.announce(PolicyVersion(0, "", -1, time.time()))  # the base model: a fresh run
         self.evaluated_at = -1
         if cfg.learner.eval_every and self.heldout and self.version == 0:
             self.evaluate()
@@ -89,7 +104,9 @@ class Learner(Service):
         """Weights from the latest checkpoint (into the whole model), then FSDP sharding, then
         the optimizer and its state (re-sharded for this run's ranks)."""
         ckpt = checkpoint.newest_checkpoint(self.cfg.run.run_dir)
-        if ckpt is not None:
+        if self.lora:
+            self.wrap_lora(ckpt)
+        elif ckpt is not None:
             load_state(self.model, ckpt.weights)
         if self.dist is not None:
             distributed.shard(self.model, self.dist, self.cfg.learner.activation_checkpointing)
@@ -108,6 +125,29 @@ class Learner(Service):
             self.log.info("resumed", version=self.version, last_batch_seq=self.last_seq, uri=ckpt.uri,
                           from_world=state.get("world_size", 1))
 
+    def wrap_lora(self, ckpt) -> None:
+        """learner.lora_rank: train a LoRA adapter on the frozen base (peft), from the checkpoint's
+        adapter if there is one."""
+        if self.dist is not None:
+            raise ServiceStopped("learner.lora_rank is not supported under torchrun: run the LoRA learner as one process")
+        try:
+            from peft import get_peft_model, set_peft_model_state_dict
+        except ImportError:
+            raise ServiceStopped("learner.lora_rank needs peft: pip install -e '.[lora]'") from None
+        self.model = get_peft_model(self.model, lora_config(self.cfg.learner.lora_rank))
+        if ckpt is not None:
+            set_peft_model_state_dict(self.model, ckpt.weights)
+
+    def policy_tensors(self) -> dict:
+        """What a version holds: the adapter (LoRA), else every weight in Hugging Face layout
+        (gathered on rank 0 under FSDP; {} on the other ranks)."""
+        if self.lora:
+            from peft import get_peft_model_state_dict
+
+            return {k: v.detach() for k, v in get_peft_model_state_dict(self.model).items()}
+        weights = distributed.full_weights(self.model, self.dist)
+        return export_state(self.model, weights) if weights else {}
+
     def prepare_evaluation(self) -> None:
         """The held-out problems (single process only) and their prompts, checked once: a
         prompt the model cannot take stops the learner before any training."""
@@ -119,11 +159,22 @@ class Learner(Service):
         except ValueError as exc:
             raise ServiceStopped(f"{exc} (task.heldout_path / model.path)") from None
 
-    def announce(self) -> None:
+    def publish(self) -> dict:
+        """Write this version (unless it was written before a restart) and announce it; return
+        its figures for the step's metrics."""
+        tensors = self.policy_tensors()
+        if self.version <= self.published:  # trained again after a restart: its number names other weights
+            self.count("versions_not_announced_again")
+            return {}
         if not self.is_main:
-            return
-        uri = self.checkpoint_uri if self.saved_version == self.version else ""  # between checkpoints: no weights to load
-        record = PolicyVersion(self.version, uri, self.last_seq, time.time())
+            return {}
+        t0 = time.perf_counter()
+        out = self.writer.publish(self.version, tensors, adapter=self.lora)
+        self.published = self.version
+        self.announce(PolicyVersion(self.version, out.uri, self.last_seq, time.time(), out.kind, out.checksum))
+        return {"publish_seconds": time.perf_counter() - t0, "version_bytes": out.bytes, f"version_kind/{out.kind}": 1}
+
+    def announce(self, record: PolicyVersion) -> None:
         self.send(POLICY, record, key=self.cfg.run.name.encode())
         self.publisher.flush()
 
@@ -221,11 +272,11 @@ class Learner(Service):
         if self.is_main:  # logged before the checkpoint: a step that is durable is always in the log
             self.log.info("step", step=self.version, loss=round(stats["loss"], 4), reward=round(stats["mean_reward"], 3),
                           rollouts=len(usable), batch_seq=batch.seq, batch_id=batch.batch_id, stale=stale, repeats=repeats)
+        stats.update(self.publish())
         if self.version % self.cfg.learner.checkpoint_every == 0 or self.version >= self.cfg.learner.max_steps:
             t1 = time.perf_counter()
             self.save()
             stats["checkpoint_seconds"] = time.perf_counter() - t1
-        self.announce()
         self.last_stats = stats
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
         if self.heldout and self.evaluation_due():
@@ -262,10 +313,9 @@ class Learner(Service):
     def save(self) -> None:
         state = {"last_batch_seq": self.last_seq, "rollouts_generated": self.rollouts_generated, "counters": self.counters,
                  "trained_rollouts": list(self.trained)}
-        weights = distributed.full_weights(self.model, self.dist)  # {} on ranks other than 0
         self.checkpoint_uri = checkpoint.write_checkpoint(
-            self.cfg.run.run_dir, self.version, export_state(self.model, weights) if weights else {},
-            self.optimizer, state, resolve_model_dir(self.cfg.model.path), KEEP_CHECKPOINTS, self.dist,
+            self.cfg.run.run_dir, self.version, self.policy_tensors(), self.optimizer, state,
+            resolve_model_dir(self.cfg.model.path), KEEP_CHECKPOINTS, self.dist,
         )
         self.saved_version = self.version
         if self.is_main:  # offsets move with checkpoints: a restart re-reads what the checkpoint lacks

@@ -12,8 +12,8 @@ class UsageError(ValueError):
 def user_errors() -> tuple[type, ...]:
     """Every exception type that means "fix the input", imported when a command fails."""
     from prl.model_import import ImportFailed
-    from prl.models import CheckpointRejected
     from prl.plugins import PluginError
+    from prl.policy import VersionRejected
     from prl.service import ServiceStopped
     from prl.storage import StorageError
     from prl.tasks.datasets import DatasetError
@@ -23,7 +23,7 @@ def user_errors() -> tuple[type, ...]:
     from prl.schemas.config import ConfigError
 
     return (UsageError, ConfigError, DatasetError, DataError, StorageError, TransportError, ImportFailed, KeyMissing,
-            CheckpointRejected, PluginError, ServiceStopped, FileNotFoundError, PermissionError, NotADirectoryError,
+            VersionRejected, PluginError, ServiceStopped, FileNotFoundError, PermissionError, NotADirectoryError,
             *object_store_errors())
 
 

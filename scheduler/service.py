@@ -24,7 +24,7 @@ import numpy as np
 
 from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
-from prl.trust import checkpoint_problem
+from prl.trust import version_problem
 from prl.tasks import group_indices, train_problems
 from prl.formulas import has_signal
 from prl.scheduler.batches import compose_batch
@@ -131,15 +131,15 @@ class Scheduler(Service):
 
     def implausible(self, record: PolicyVersion) -> str | None:
         """Why ``record`` cannot come from this run's learner: it trained a batch not yet
-        published, took more steps than it received batches, or names a checkpoint that is
-        not the run's own of that version."""
+        published, took more steps than it received batches, or names a version directory that is
+        not the run's own of that number."""
         if record.last_batch_seq >= self.next_seq:
             return f"last_batch_seq {record.last_batch_seq}, but batches 0..{self.next_seq - 1} were published"
         if record.version - self.learner_version > record.last_batch_seq - self.learner_last_seq:
             return (f"version {record.version} after {self.learner_version}: more steps than the "
                     f"{record.last_batch_seq - self.learner_last_seq} batches trained since")
-        if record.checkpoint_uri:
-            return checkpoint_problem(record.checkpoint_uri, self.cfg.run.run_dir, record.version)
+        if record.uri:
+            return version_problem(record.uri, self.cfg.run.run_dir, record.version)
         return None
 
     def accept_rollouts(self) -> None:

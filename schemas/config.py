@@ -64,7 +64,7 @@ class TaskConfig(Section):
 
 class ModelConfig(Section):
     path: str = Field("builtin:tiny-adder", description="Hugging Face model directory (path or URI), or builtin:tiny-adder.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights dtype for generation and training.")
+    dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="Dtype of the weights producers serve and versions carry (the learner keeps float32).")
 
 
 class SamplingConfig(Section):
@@ -115,11 +115,12 @@ class LearnerConfig(Section):
     clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio lower clip: 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio upper clip: 1 + clip_high.")
     max_steps: int = Field(200, ge=1, description="Stop after this many optimizer steps.")
-    checkpoint_every: int = Field(1, ge=1, description="Write a checkpoint (and let producers reload) every N steps.")
+    checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint (weights, optimizer, offsets) every N steps; versions go out every step.")
     eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps, and at the last (0: never).")
     micro_batch_tokens: int = Field(16_384, ge=1, description="Padded tokens per micro-batch; gradients accumulate over them.")
     bf16_autocast: bool | Literal["auto"] = Field(False, description="bf16 autocast in training; auto: where the device computes bf16 natively.")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in backward (saves memory).")
+    lora_rank: int = Field(0, ge=0, le=1024, description="Train a LoRA adapter of this rank on every linear layer (0: all weights); versions carry it alone.")
 
 
 class Config(Section):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -28,10 +29,11 @@ from typing import Annotated
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # of every kind but those that say otherwise (``@record(kind, schema_version=N)``)
 MAX_COUNT = 2**31 - 1  # versions, sequence numbers, sizes: anything larger is corrupt
 MAX_TOKENS = 1 << 20  # a completion budget above this is not a real request
 MAX_TEMPERATURE = 100.0
+CHECKSUM = re.compile(r"crc32c:[0-9a-f]{8}")
 
 
 def token_ids(values) -> np.ndarray:
@@ -95,7 +97,7 @@ def nullable_fields(cls) -> set[str]:
             if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)}
 
 
-def record(kind: str | None = None):
+def record(kind: str | None = None, schema_version: int = SCHEMA_VERSION):
     """Class decorator: a frozen dataclass whose ``SCHEMA`` is derived from its annotations
     (and, with ``kind``, a wire record of that kind). Array fields are converted once at
     construction; equality compares arrays element-wise (the dataclass default compares
@@ -108,7 +110,7 @@ def record(kind: str | None = None):
         cls.SCHEMA = pa.schema([pa.field(name, arrow_type(h)) for name, h in _hints(cls).items()])
         cls.ARRAYS = _converters(cls)
         if kind is not None:
-            cls.KIND = kind
+            cls.KIND, cls.SCHEMA_VERSION = kind, schema_version
         if cls.ARRAYS:
             cls.__eq__, cls.__hash__ = _record_eq, None
         return cls
@@ -313,18 +315,29 @@ class TrainBatchRefs:
             _require(math.isfinite(r.advantage), "invalid_value", "advantage is not finite")
 
 
-@record("policy_version")
+VERSION_KINDS = ("full", "delta", "adapter")
+
+
+@record("policy_version", schema_version=2)
 class PolicyVersion:
-    """The learner announces new weights. ``checkpoint_uri`` is empty between checkpoints."""
+    """The learner announces a policy version: ``uri`` is its directory under the run's policy
+    root (prl/policy.py; empty for version 0, the base model), ``kind`` what it holds (a full
+    set of weights, a delta against version - 1, or a LoRA adapter) and ``weights_checksum``
+    the CRC-32C of the weights it rebuilds to, which a producer checks before serving them.
+    Schema version 2: version 1 named a checkpoint and carried no checksum."""
 
     version: int
-    checkpoint_uri: str
+    uri: str
     last_batch_seq: int
     created_at: float = 0.0
+    kind: str = ""
+    weights_checksum: str = ""
 
     def validate(self) -> None:
         _require(self.version >= 0, "invalid_value", "negative version")
         _require(self.version <= MAX_COUNT and -1 <= self.last_batch_seq <= MAX_COUNT, "invalid_value", "version out of range")
+        _require(not self.uri or (self.kind in VERSION_KINDS and CHECKSUM.fullmatch(self.weights_checksum) is not None),
+                 "invalid_value", "a version with weights names their kind and checksum")
 
 
 @record("dead_letter")
@@ -366,7 +379,7 @@ def _require(ok: bool, reason: str, detail: str) -> None:
 
 
 def _schema_with_meta(cls) -> pa.Schema:
-    return cls.SCHEMA.with_metadata({"kind": cls.KIND, "schema_version": str(SCHEMA_VERSION)})
+    return cls.SCHEMA.with_metadata({"kind": cls.KIND, "schema_version": str(cls.SCHEMA_VERSION)})
 
 
 def record_row(record) -> dict:
@@ -416,7 +429,7 @@ def headers(record) -> list[tuple[str, bytes]]:
     """Kafka headers for a record: kind, schema_version and policy_version: the version that
     made a rollout group, that a policy announces, at which a dispatch was issued, and that will
     train a batch. Dead letters have none."""
-    out = [("kind", record.KIND.encode()), ("schema_version", str(SCHEMA_VERSION).encode())]
+    out = [("kind", record.KIND.encode()), ("schema_version", str(record.SCHEMA_VERSION).encode())]
     version = next((getattr(record, a) for a in ("policy_version", "version", "learner_version") if hasattr(record, a)), None)
     if version is not None:
         out.append(("policy_version", str(version).encode()))
@@ -451,8 +464,8 @@ def _decode(data: bytes, expected: type | None):
     cls = RECORD_TYPES[kind]
     if expected is not None and cls is not expected:
         raise DecodeError("wrong_kind", f"expected {expected.KIND}, got {kind}")
-    if meta.get("schema_version") != str(SCHEMA_VERSION):
-        raise DecodeError("wrong_schema_version", f"got {meta.get('schema_version')!r}, want {SCHEMA_VERSION}")
+    if meta.get("schema_version") != str(cls.SCHEMA_VERSION):
+        raise DecodeError("wrong_schema_version", f"got {meta.get('schema_version')!r}, want {cls.SCHEMA_VERSION}")
     missing = [f.name for f in cls.SCHEMA if f.name not in table.schema.names]
     if missing:
         raise DecodeError("missing_column", ", ".join(missing))

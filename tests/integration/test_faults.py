@@ -20,9 +20,10 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from prl.learner import checkpoint
+from prl import storage
 from prl.formulas import rollout_age
 from prl.transport.kafka import KafkaTransport
+from prl.trust import policy_root
 from prl.scheduler.snapshot import read_snapshot
 from prl.schemas import DeadLetter, Dispatch, PolicyVersion, RolloutGroup, TrainBatch, TrainRollout, decode, encode, headers
 from prl.schemas.config import KafkaConfig
@@ -32,6 +33,7 @@ from tests.support.servers import KafkaBroker, Process, S3Server, wait_until, wr
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MAX_STEPS = 14
+CHECKPOINT_EVERY = 3  # a killed learner has usually published versions its last checkpoint lacks
 TAU_MAX = 10
 SERVICES = ("scheduler", "producer-0", "producer-1", "learner")
 
@@ -74,7 +76,7 @@ class Cluster:
         write_kafka_config(self.config, broker.bootstrap, run_name, self.run_dir,
                            scheduler={"tau_max": TAU_MAX, "dispatch_timeout_s": 20,
                                       "replay": {"warmup_updates": 4}, **scheduler},
-                           learner={"max_steps": MAX_STEPS})
+                           learner={"max_steps": MAX_STEPS, "checkpoint_every": CHECKPOINT_EVERY})
         self.procs: dict[str, Process] = {}
         self.starts: Counter = Counter()
 
@@ -101,8 +103,9 @@ class Cluster:
         self.procs[name].stop(signal.SIGKILL)
 
     def step(self) -> int:
-        latest = checkpoint.read_latest(self.run_dir)
-        return latest["step"] if latest else 0
+        """The newest policy version the learner has published."""
+        latest = storage.read_latest(policy_root(self.run_dir))
+        return latest["version"] if latest else 0
 
     def wait_for_step(self, step: int, timeout_s: float = 300) -> None:
         def reached():
@@ -178,8 +181,23 @@ def check_invariants(cluster: Cluster) -> dict:
     assert_no_dispatch_lost(dispatches, groups, set(read_snapshot(cluster.run_dir)[0]["in_flight"]))
     lineage = learner_lineage(cluster)
     trained = assert_lineage_trains_each_batch_once(lineage, {b.batch_id: b for b in batches})
+    policy = read_topic(cluster.broker.bootstrap, topic_name(name, POLICY), PolicyVersion)
+    announced = assert_each_version_named_once([r for r in policy if r.uri.startswith(policy_root(cluster.run_dir))], groups)
     return {"dispatches": len(dispatches), "groups": len(groups), "batches": len(batches),
-            "fresh_trained": len(trained), "restarts": sum(cluster.starts.values()) - len(SERVICES)}
+            "fresh_trained": len(trained), "restarts": sum(cluster.starts.values()) - len(SERVICES),
+            "versions": len(announced), "killed_at": max((s["step"] for s in cluster.logs("learner")[0]
+                                                          if s.get("event") == "step"), default=0)}
+
+
+def assert_each_version_named_once(records: list, groups: list) -> dict:
+    """One announcement per version number, numbers rising, across every learner start: a
+    restarted learner that trains again what its checkpoint lacked never announces those
+    numbers again; every rollout names an announced version (or the base, 0)."""
+    numbers = [r.version for r in records]
+    assert numbers == sorted(set(numbers)), f"a version announced twice or out of order: {numbers}"
+    checksums = {r.version: r.weights_checksum for r in records}
+    assert {g.policy_version for g in groups} <= set(checksums) | {0}
+    return checksums
 
 
 def assert_no_dispatch_lost(dispatches, groups, in_flight: set) -> None:
@@ -236,12 +254,16 @@ def test_kill_9_each_service_in_turn(s3, tmp_path, run_name):
         step = 2
         cluster.wait_for_step(step)
         for name in SERVICES:
+            if name == "learner":  # between a published version and the next checkpoint
+                wait_until(lambda: cluster.step() % CHECKPOINT_EVERY, 60, "a version past a checkpoint", 0.05)
             cluster.kill(name)
             cluster.start(name)
             step += 3
             cluster.wait_for_step(min(step, MAX_STEPS))
         cluster.finish()
         figures = check_invariants(cluster)
+        retrained = [ln for ln in cluster.logs("learner")[1] if ln.get("event") == "step" and ln["step"] <= figures["killed_at"]]
+        assert retrained, "the restarted learner trained again what its checkpoint lacked"
     finally:
         cluster.stop_all()
         broker.stop()
@@ -277,7 +299,7 @@ def dead_letters(cluster: Cluster) -> list[DeadLetter]:
 
 
 def test_a_policy_hijack_is_refused_end_to_end(s3, tmp_path, run_name):
-    """PolicyVersions with a huge version and checkpoints outside the run (another directory,
+    """PolicyVersions with a huge version and versions outside the run (another directory,
     an http:// URI) while the run trains: producers and scheduler dead-letter them, no rollout
     is made by a version the learner did not make, the learner steps on; a producer restarted
     afterwards (the policy topic keeps the messages) refuses them again and serves."""
@@ -286,12 +308,13 @@ def test_a_policy_hijack_is_refused_end_to_end(s3, tmp_path, run_name):
     try:
         cluster.start_all()
         cluster.wait_for_step(2)
-        inject(cluster, POLICY, PolicyVersion(10**9, f"file://{tmp_path}/elsewhere/step-{10**9:08d}", 10**9, time.time()))
-        inject(cluster, POLICY, PolicyVersion(10**9, "http://evil.example/step-1000000000", 10**9, time.time()))
+        forged = dict(kind="full", weights_checksum="crc32c:00000000")
+        inject(cluster, POLICY, PolicyVersion(10**9, f"file://{tmp_path}/elsewhere/v-{10**9:08d}", 10**9, time.time(), **forged))
+        inject(cluster, POLICY, PolicyVersion(10**9, "http://evil.example/v-1000000000", 10**9, time.time(), **forged))
         # Both producers have refused both before producer-1 is killed (training can be fast
         # enough to reach step 5 before they read the announcements).
         def refused_both(name: str) -> bool:
-            return cluster.logged(name, '"event": "dead_lettered"', '"reason": "checkpoint_outside_run"') >= 2
+            return cluster.logged(name, '"event": "dead_lettered"', '"reason": "version_outside_run"') >= 2
 
         wait_until(lambda: refused_both("producer-0") and refused_both("producer-1"), 120, "both producers to refuse both", 0.2)
         cluster.wait_for_step(5)
@@ -302,7 +325,7 @@ def test_a_policy_hijack_is_refused_end_to_end(s3, tmp_path, run_name):
         groups = read_topic(broker.bootstrap, topic_name(run_name, ROLLOUTS), RolloutGroup)
         assert max(g.policy_version for g in groups) <= MAX_STEPS
         reasons = Counter((d.service, d.reason) for d in dead_letters(cluster) if d.source_topic.endswith(".policy"))
-        assert reasons[("producer", "checkpoint_outside_run")] >= 2 * 3  # two messages, three producer starts
+        assert reasons[("producer", "version_outside_run")] >= 2 * 3  # two messages, three producer starts
         assert reasons[("scheduler", "implausible_policy")] == 2
     finally:
         cluster.stop_all()

@@ -110,19 +110,20 @@ def test_producer_dead_letters_a_poisoned_dispatch_and_serves_the_next(tmp_path,
     assert [g.dispatch_id for g in groups] == ["good"]
 
 
-def checkpoint_of(cfg, version: int, model=None) -> str:
-    from prl.learner.checkpoint import write_checkpoint
+def version_of(cfg, version: int, model=None) -> PolicyVersion:
+    """A real policy version of the run (as the learner writes it) and its announcement."""
+    from prl.policy import PolicyWriter
 
     model = model or load_model(cfg.model.path)
-    return write_checkpoint(cfg.run.run_dir, version, export_state(model), None, {"step": version},
-                            resolve_model_dir(cfg.model.path), 10)
+    out = PolicyWriter(cfg.run.run_dir, cfg.model.dtype).publish(version, export_state(model))
+    return PolicyVersion(version, out.uri, version - 1, time.time(), out.kind, out.checksum)
 
 
 @pytest.mark.parametrize("case", ["outside the run", "http", "unknown scheme", "dot-dot", "huge version",
                                   "another model's weights", "empty uri", "unsigned"])
 def test_producer_keeps_the_real_policy(tmp_path, case):
     """Announcements the learner did not make are refused (dead-lettered, or ignored when
-    they name no checkpoint); the producer keeps the real policy and then loads the next
+    they name no version); the producer keeps the real policy and then loads the next
     real one."""
     extra = {"transport.signed_kinds": '["policy"]'} if case == "unsigned" else {}
     env = {"PRL_KEY_POLICY": "k3y"} if case == "unsigned" else {}
@@ -131,60 +132,60 @@ def test_producer_keeps_the_real_policy(tmp_path, case):
             mp.setenv(k, v)
         run = Run(config(tmp_path, **extra))
         producer = Producer(run.cfg, run.transport)
-        real = checkpoint_of(run.cfg, 1)
-        hostile = hostile_announcement(case, run.cfg, tmp_path, real)
+        record = version_of(run.cfg, 1)
+        hostile = hostile_announcement(case, run.cfg, tmp_path, record)
         run.inject(POLICY, hostile)
         producer.step()
         assert producer.backend.version == 0 and finite(producer.backend.model)
         assert len(run.dead()) == (0 if case == "empty uri" else 1)
-        record = PolicyVersion(1, real, 0, time.time())
         sig = producer.signer.headers(POLICY, topic_name(run.cfg.run.name, POLICY), encode(record))
         run.inject(POLICY, record, key=run.cfg.run.name.encode(), extra_headers=sig)
         producer.step()
         assert producer.backend.version == 1
 
 
-def hostile_announcement(case: str, cfg, tmp_path, real: str) -> PolicyVersion:
-    other = tmp_path / "elsewhere" / "checkpoints" / "step-00000001"
+def hostile_announcement(case: str, cfg, tmp_path, real: PolicyVersion) -> PolicyVersion:
+    other = tmp_path / "elsewhere" / "policy" / "v-00000001"
     uri = {
         "outside the run": f"file://{other}",
-        "http": "http://evil.example/checkpoints/step-00000001",
-        "unknown scheme": "nosuch://bucket/run/checkpoints/step-00000001",
-        "dot-dot": real.replace("checkpoints/", "checkpoints/../checkpoints/"),
-        "huge version": real.replace("step-00000001", "step-1000000000"),
+        "http": "http://evil.example/policy/v-00000001",
+        "unknown scheme": "nosuch://bucket/run/policy/v-00000001",
+        "dot-dot": real.uri.replace("policy/", "policy/../policy/"),
+        "huge version": real.uri.replace("v-00000001", "v-1000000000"),
         "empty uri": "",
-        "unsigned": real,
+        "unsigned": real.uri,
     }.get(case)
     version = 1_000_000_000 if case == "huge version" else 1
     if case == "another model's weights":
         from tests.support.chat_model import make_chat_model
 
-        other_model = load_model(str(make_chat_model(tmp_path / "other-model")))
-        uri = checkpoint_of(cfg.model_copy(update={}), 2, model=other_model)
-        version = 2
-    return PolicyVersion(version, uri, 0, time.time())
+        return version_of(cfg, 2, model=load_model(str(make_chat_model(tmp_path / "other-model"))))
+    return PolicyVersion(version, uri, 0, time.time(), real.kind if uri else "", real.weights_checksum if uri else "")
 
 
-def test_producer_refuses_a_checkpoint_that_is_not_what_it_claims(tmp_path):
-    """A copy of step 4 announced as step 5 (its state.json says 4), and step 6 with torn
-    weights (the checksum does not match): both refused, the producer keeps step 4's weights."""
+def test_producer_refuses_a_version_that_is_not_what_it_claims(tmp_path):
+    """A copy of version 4 announced as version 5 (its version.json says 4), and version 6 with
+    torn weights (the manifest's checksum does not match): both refused, the producer keeps
+    version 4's weights."""
+    import dataclasses
     import shutil
 
     run = Run(config(tmp_path))
     producer = Producer(run.cfg, run.transport)
-    four = checkpoint_of(run.cfg, 4)
-    run.inject(POLICY, PolicyVersion(4, four, 3, 0.0))
+    four = version_of(run.cfg, 4)
+    run.inject(POLICY, four)
     producer.step()
     assert producer.backend.version == 4
-    shutil.copytree(four.removeprefix("file://"), four.removeprefix("file://").replace("step-00000004", "step-00000005"))
-    run.inject(POLICY, PolicyVersion(5, four.replace("step-00000004", "step-00000005"), 4, 0.0))
-    six = checkpoint_of(run.cfg, 6)
-    with open(six.removeprefix("file://") + "/model.safetensors", "r+b") as f:
+    five = four.uri.replace("v-00000004", "v-00000005")
+    shutil.copytree(four.uri.removeprefix("file://"), five.removeprefix("file://"))
+    run.inject(POLICY, dataclasses.replace(four, version=5, uri=five))
+    six = version_of(run.cfg, 6)
+    with open(six.uri.removeprefix("file://") + "/weights.safetensors", "r+b") as f:
         f.seek(-16, 2)
         f.write(b"\xff" * 16)
-    run.inject(POLICY, PolicyVersion(6, six, 5, 0.0))
+    run.inject(POLICY, six)
     producer.step()
-    assert sorted(d.reason for d in run.dead()) == ["unloadable_checkpoint", "version_mismatch"]
+    assert sorted(d.reason for d in run.dead()) == ["unloadable_version", "version_mismatch"]
     assert producer.backend.version == 4 and finite(producer.backend.model)
 
 
@@ -192,7 +193,7 @@ def test_producer_refuses_a_checkpoint_that_is_not_what_it_claims(tmp_path):
 @pytest.mark.parametrize("record, problem", [
     (PolicyVersion(2**31 - 1, "", 5, 0.0), "batches 0..-1 were published"),
     (PolicyVersion(3, "", -1, 0.0), "more steps than the 0 batches trained since"),
-    (PolicyVersion(0, "nosuch://x/step-00000000", -1, 0.0), "scheme 'nosuch'"),
+    (PolicyVersion(0, "nosuch://x/policy/v-00000000", -1, 0.0, "full", "crc32c:00000000"), "scheme 'nosuch'"),
 ])
 def test_scheduler_follows_only_announcements_the_learner_can_have_made(tmp_path, record, problem):
     """A huge version or batch number, or a foreign checkpoint, is dead-lettered: the
@@ -318,11 +319,12 @@ def test_a_starting_producer_catches_up_to_the_newest_policy_first(tmp_path, mon
 
     run = Run(config(tmp_path))
     for v in (1, 2, 3):
-        run.inject(POLICY, PolicyVersion(v, checkpoint_of(run.cfg, v), v - 1, 0.0), key=run.cfg.run.name.encode())
-    run.inject(POLICY, PolicyVersion(4, f"file://{tmp_path}/other/checkpoints/step-00000004", 3, 0.0))  # not the run's
+        run.inject(POLICY, version_of(run.cfg, v), key=run.cfg.run.name.encode())
+    run.inject(POLICY, PolicyVersion(4, f"file://{tmp_path}/other/policy/v-00000004", 3, 0.0, "full",
+                                     "crc32c:00000000"))  # not the run's
     loaded = []
-    real = TransformersBackend.load_weights
-    monkeypatch.setattr(TransformersBackend, "load_weights", lambda self, uri, v: loaded.append(v) or real(self, uri, v))
+    real = TransformersBackend.load_state
+    monkeypatch.setattr(TransformersBackend, "load_state", lambda self, t, v: loaded.append(v) or real(self, t, v))
     producer = Producer(run.cfg, run.transport)
     assert loaded == [3] and producer.backend.version == 3
-    assert [d.reason for d in run.dead()] == ["checkpoint_outside_run"]
+    assert [d.reason for d in run.dead()] == ["version_outside_run"]

@@ -285,15 +285,15 @@ def test_batch_is_what_survives_of_groups_per_batch_unless_dynamic_sampling(tmp_
     assert run.scheduler.counters["zero_signal_dropped"] == (answered // 2 if dynamic else len(trained) * groups_per_batch // 2)
 
 
-@pytest.mark.parametrize("deleted", ["whole", "state.json"])
-def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path, deleted):
-    """The learner keeps its last few checkpoints: a producer that reads an announcement
-    late finds the checkpoint gone, or half deleted (a newer one is there), skips it without a
-    dead letter and loads the next one. (A checkpoint that is there but not what it claims:
+@pytest.mark.parametrize("deleted", ["whole", "version.json"])
+def test_producer_skips_a_version_pruned_before_it_loaded_it(tmp_path, deleted):
+    """The learner keeps its last chains of versions: a producer that reads an announcement
+    late finds the version gone, or half deleted (a newer one is there), skips it without a
+    dead letter and loads the next one. (A version that is there but not what it claims:
     tests/integration/test_hostile.py.)"""
-    from prl.learner.checkpoint import write_checkpoint
     from prl.producers.service import Producer
-    from prl.models import export_state, load_model, resolve_model_dir
+    from prl.models import export_state, load_model
+    from prl.policy import PolicyWriter
     from prl.schemas import PolicyVersion
     from prl.schemas.topics import POLICY
 
@@ -303,20 +303,20 @@ def test_producer_skips_a_checkpoint_deleted_before_it_loaded_it(tmp_path, delet
     producer = Producer(cfg, transport)
     pub = transport.publisher()
 
-    def announce(version, uri):
-        record = PolicyVersion(version, uri, version - 1)
+    def announce(version, out):
+        record = PolicyVersion(version, out.uri, version - 1, 0.0, out.kind, out.checksum)
         pub.publish(topic_name(cfg.run.name, POLICY), encode(record), key=b"run", headers=headers(record))
 
-    weights, base = export_state(load_model(cfg.model.path)), resolve_model_dir(cfg.model.path)
-    old = write_checkpoint(cfg.run.run_dir, 3, weights, None, {"step": 3}, base, 3)
-    good = write_checkpoint(cfg.run.run_dir, 4, weights, None, {"step": 4}, base, 3)
+    weights = export_state(load_model(cfg.model.path))
+    old = PolicyWriter(cfg.run.run_dir, cfg.model.dtype).publish(3, weights)
+    good = PolicyWriter(cfg.run.run_dir, cfg.model.dtype).publish(4, weights)
     if deleted == "whole":
-        shutil.rmtree(old.removeprefix("file://"))
-    else:  # the pruner removes a checkpoint's files one by one: caught between two of them
-        Path(old.removeprefix("file://"), deleted).unlink()
+        shutil.rmtree(old.uri.removeprefix("file://"))
+    else:  # the pruner removes a version's files one by one: caught between two of them
+        Path(old.uri.removeprefix("file://"), deleted).unlink()
     announce(3, old)  # 4 is there
     producer.step()
-    assert producer.backend.version == 0 and producer.counters["superseded_checkpoints_skipped"] == 1
+    assert producer.backend.version == 0 and producer.counters["superseded_versions_skipped"] == 1
     assert not [k for k in producer.counters if k.startswith("dead_lettered")]
     announce(4, good)
     producer.step()
@@ -489,10 +489,10 @@ def test_claim_check_batches_train_the_same_rollouts_as_copies(tmp_path, claim_c
         assert max(len(m.value) for m in batches) < 20_000  # references only
 
 
-def test_versions_between_checkpoints_are_announced_without_weights(tmp_path):
-    """checkpoint_every=4: versions 1-3 carry no checkpoint_uri, so neither the scheduler nor
-    the producer refuses them and the run reaches max_steps (it stalled at the first version
-    announced with the previous checkpoint's location, which both rightly dead-lettered)."""
+def test_every_version_reaches_the_producer_and_checkpoints_come_every_n_steps(tmp_path):
+    """checkpoint_every=4: a version goes out at every step (a base, then deltas, a new base
+    when the chain would outgrow the weights or every 10 versions), the producer loads each one
+    without a refusal, and full checkpoints are written at steps 4 and 8 and at the last."""
     from prl.cli.run import run_pipeline
 
     cfg = small_config(tmp_path, **{"learner.checkpoint_every": 4, "learner.max_steps": 10})
@@ -500,8 +500,47 @@ def test_versions_between_checkpoints_are_announced_without_weights(tmp_path):
     assert summary["steps"] == 10
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert not [k for r in rows for k in r if "dead_lettered" in k]
-    assert (tmp_path / "run" / "checkpoints" / checkpoint_name(8)).exists()
-    assert (tmp_path / "run" / "checkpoints" / checkpoint_name(10)).exists()  # the last step is always saved
+    kinds = [k for r in rows if "learner/loss" in r for k in r if k.startswith("learner/version_kind/")]
+    kinds = [k.rsplit("/", 1)[1] for k in kinds]
+    assert len(kinds) == 10 and kinds[0] == kinds[9] == "full" and kinds.count("delta") >= 5  # a base every 10 versions
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert names == [checkpoint_name(4), checkpoint_name(8), checkpoint_name(10)]
+
+
+def test_a_learner_restarted_past_its_checkpoint_never_announces_a_number_again(tmp_path):
+    """Killed after publishing versions 5 and 6 with its checkpoint at 4, a learner resumes at 4,
+    trains 5 and 6 again without announcing them (their numbers name the weights producers may
+    already serve) and announces 7 as a full base; every announced number names one checksum,
+    which is what storage rebuilds to."""
+    from prl.learner.service import Learner
+    from prl.learner.sources import write_batches
+    from prl.models import base_weight_shapes, resolve_model_dir
+    from prl.policy import PolicyReader
+    from prl.schemas import PolicyVersion, TrainBatch
+    from prl.schemas.topics import POLICY
+    from tests.unit.test_grpo import random_rollouts
+
+    cfg = small_config(tmp_path, **{"learner.checkpoint_every": 4, "scheduler.replay.ratio": 0})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    batches = [TrainBatch(f"b{i}", i, i, 0, random_rollouts(8, seed=i)) for i in range(8)]
+    write_batches(str(tmp_path / "a.arrow"), batches[:6])
+    write_batches(str(tmp_path / "b.arrow"), batches[4:])
+    first = Learner(cfg, transport, batches_from=str(tmp_path / "a.arrow"))
+    while first.version < 6:
+        first.step()  # then "killed": no close, no checkpoint of 5 or 6
+    second = Learner(cfg, transport, batches_from=str(tmp_path / "b.arrow"))
+    assert second.version == 4 and second.published == 6
+    while second.version < 8:
+        second.step()
+    sub = transport.subscriber([topic_name(cfg.run.name, POLICY)], group=None, from_beginning=True)
+    records = [decode(m.value, PolicyVersion) for m in sub.poll(0.0)]
+    assert [r.version for r in records] == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+    assert [r.kind for r in records if r.version in (1, 7, 8)] == ["full", "full", "delta"]
+    assert second.counters["versions_not_announced_again"] == 2
+    reader = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
+    for r in records[1:]:
+        reader.read(r.uri, r.version, r.kind, r.weights_checksum)  # each rebuilds to its announcement
 
 
 def test_prl_run_stopped_by_ctrl_c_checkpoints_its_step_and_continues(tmp_path, capsys):

@@ -75,14 +75,13 @@ def real_config(model_dir, tmp_path):
 
 def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     """Scheduler, producer and learner on the in-memory transport with the real model:
-    chat prompts rendered by SmolLM2's template, one GRPO step, a checkpoint the producer loads
-    (checksum-verified); a tampered checkpoint is refused."""
+    chat prompts rendered by SmolLM2's template, one GRPO step, a bf16 policy version the
+    producer loads (the learner's weights rounded to bf16, checksum-verified); a tampered
+    version is refused."""
     import torch
 
     from prl.learner.service import Learner
     from prl.producers.service import Producer
-    from prl.models import read_weights
-    from prl.storage import StorageError
     from prl.transport.memory import MemoryTransport
     from prl.scheduler.service import Scheduler
 
@@ -101,12 +100,17 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     producer.step()  # reads the PolicyVersion, loads the checkpoint
     assert producer.backend.version == 1
     trained, served = learner.model.state_dict(), producer.backend.model.state_dict()
-    assert all(torch.equal(trained[k], served[k]) for k in served)
+    assert all(torch.equal(trained[k].to(torch.bfloat16).float(), served[k]) for k in served)
     assert producer.counters["groups_published"] >= 2 and producer.counters.get("problem_errors", 0) == 0
-    with open(learner.checkpoint_uri.removeprefix("file://") + "/model.safetensors", "r+b") as f:
+    from prl import storage
+    from prl.policy import PolicyReader
+
+    version = f"{cfg.run.run_dir}/policy/v-00000001"
+    announced = json.loads(storage.read_verified(version, "version.json"))["checksum"]
+    with open(version + "/weights.safetensors", "r+b") as f:
         f.seek(-64, 2)
         f.write(b"\x00" * 64)
-    with pytest.raises(StorageError, match="checksum does not match"):
-        read_weights(learner.checkpoint_uri)
+    with pytest.raises(storage.StorageError, match="checksum does not match"):
+        PolicyReader(producer.versions.expected).read(version, 1, "full", announced)
     for service in (learner, scheduler, producer):
         service.close()

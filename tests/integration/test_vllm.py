@@ -80,15 +80,13 @@ def test_weight_reload_changes_generation(engine, model_dir, tmp_path):
     with torch.no_grad():
         for p in known.model.layers[-1].mlp.down_proj.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
-    uri = write_checkpoint(f"file://{tmp_path}", 7, export_state(known), None, {}, resolve_model_dir(model_dir), 2)
-    engine.load_weights(uri, 7)
+    engine.load_state(export_state(known), 7)
     after = [g[0].token_ids for g in engine.generate(reqs, greedy=True)]
     expected = [g[0].token_ids for g in TransformersBackend(known, engine.tokenizer).generate(reqs, greedy=True)]
     assert engine.version == 7
     assert after == expected
     assert after != before
-    engine.load_weights(write_checkpoint(f"file://{tmp_path}", 8, export_state(load_model(model_dir)), None,
-                                         {}, resolve_model_dir(model_dir), 2), 8)
+    engine.load_state(export_state(load_model(model_dir)), 8)
     assert [g[0].token_ids for g in engine.generate(reqs, greedy=True)] == before
 
 

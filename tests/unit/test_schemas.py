@@ -23,7 +23,7 @@ EXAMPLES = [
     Dispatch("d1", "add1:1+2", "1+2=", "3", 8, Sampling(0.9, 0.95, 12, ["\n"]), 4, 1, 1.5e9, True),
     rollout_group(),
     TrainBatch("b1", 7, 5, 1234, [TrainRollout("d1/0", "p", 4, True, -0.5, 0.0, 1.0, [1, 2], [3, 2], [-0.5, -0.125])], 1.5e9),
-    PolicyVersion(12, "s3://bucket/run/checkpoints/step-00000012", 11, 1.5e9),
+    PolicyVersion(12, "s3://bucket/run/policy/v-00000012", 11, 1.5e9, "delta", "crc32c:0a1b2c3d"),
     DeadLetter("prl.rollouts", 2, 99, "not_arrow", "bad bytes", "scheduler", None, b"\x00garbage", 1.5e9),
 ]
 
@@ -93,7 +93,8 @@ def _ipc(table: pa.Table) -> bytes:
 
 def test_wrong_schema_version_is_rejected():
     pv = EXAMPLES[3]
-    table = pa.Table.from_pylist([{"version": 1, "checkpoint_uri": "", "last_batch_seq": 0, "created_at": 0.0}],
+    table = pa.Table.from_pylist([{"version": 1, "uri": "", "last_batch_seq": 0, "created_at": 0.0, "kind": "",
+                                   "weights_checksum": ""}],
                                  schema=PolicyVersion.SCHEMA.with_metadata({"kind": "policy_version", "schema_version": "99"}))
     with pytest.raises(DecodeError) as exc:
         decode(_ipc(table))
@@ -102,12 +103,13 @@ def test_wrong_schema_version_is_rejected():
 
 
 def test_missing_column_is_rejected():
-    schema = pa.schema([f for f in PolicyVersion.SCHEMA if f.name != "checkpoint_uri"]).with_metadata(
-        {"kind": "policy_version", "schema_version": str(records.SCHEMA_VERSION)})
-    table = pa.Table.from_pylist([{"version": 1, "last_batch_seq": 0, "created_at": 0.0}], schema=schema)
+    schema = pa.schema([f for f in PolicyVersion.SCHEMA if f.name != "uri"]).with_metadata(
+        {"kind": "policy_version", "schema_version": str(PolicyVersion.SCHEMA_VERSION)})
+    table = pa.Table.from_pylist([{"version": 1, "last_batch_seq": 0, "created_at": 0.0, "kind": "", "weights_checksum": ""}],
+                                 schema=schema)
     with pytest.raises(DecodeError) as exc:
         decode(_ipc(table))
-    assert exc.value.reason == "missing_column" and "checkpoint_uri" in str(exc.value)
+    assert exc.value.reason == "missing_column" and "uri" in str(exc.value)
 
 
 def test_unknown_kind_is_rejected():
@@ -142,14 +144,31 @@ def test_no_pickle_anywhere():
 
 @pytest.mark.parametrize("record", EXAMPLES, ids=lambda r: r.KIND)
 def test_wire_format_is_unchanged(record):
-    """Messages written by schema version 1 (bytes kept in tests/data/wire-v1, made before the
-    schemas were derived from the dataclasses) decode to the same records, and the same
-    records encode to the same bytes."""
+    """Messages kept in tests/unit/data/wire-v<N> (each kind's schema version; version 1 made
+    before the schemas were derived from the dataclasses) decode to the same records, and the
+    same records encode to the same bytes."""
     import pathlib
 
-    golden = (pathlib.Path(__file__).parent / "data" / "wire-v1" / f"{record.KIND}.arrow").read_bytes()
+    golden = (pathlib.Path(__file__).parent / "data" / f"wire-v{record.SCHEMA_VERSION}" / f"{record.KIND}.arrow").read_bytes()
     assert decode(golden) == record
     assert encode(record) == golden
+
+
+def test_an_announcement_of_schema_version_1_is_refused():
+    """Version 1 named a checkpoint and carried no checksum: a producer of today refuses it
+    (wrong_schema_version) rather than load weights it cannot verify."""
+    import pathlib
+
+    old = (pathlib.Path(__file__).parent / "data" / "wire-v1" / "policy_version.arrow").read_bytes()
+    with pytest.raises(DecodeError) as exc:
+        decode(old)
+    assert exc.value.reason == "wrong_schema_version" and "want 2" in str(exc.value)
+
+
+def test_an_announcement_with_weights_names_their_kind_and_checksum():
+    with pytest.raises(DecodeError) as exc:
+        decode(encode(PolicyVersion(3, "s3://b/run/policy/v-00000003", 2, 0.0)))
+    assert exc.value.reason == "invalid_value" and "kind and checksum" in str(exc.value)
 
 
 def test_arrow_schema_is_derived_from_the_annotations():
