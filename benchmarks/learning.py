@@ -64,11 +64,11 @@ def one_run(strategy: str, seed: int, budget: int, config: str | None, base: lis
                                    "learner.max_steps=100000"])
         summary = run_pipeline(cfg, progress=False, max_rollouts=budget)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
-    evals = [r for r in rows if "learner/eval/accuracy" in r]
+    evals = [r for r in rows if "eval/accuracy" in r]
     scheduler = [r for r in rows if r["service"] == "scheduler"][-1]
     return {"strategy": strategy, "seed": seed, "steps": summary["steps"], "rollouts": summary["rollouts_generated"],
             "seconds": summary["seconds"], "signal_share": scheduler["scheduler/signal_share"],
-            "curve": [(r["rollouts_generated"], r["learner/eval/accuracy"]) for r in evals]}
+            "curve": [(r["rollouts_generated"], r["eval/accuracy"]) for r in evals]}
 
 
 def rollouts_to(curve: list, target: float) -> float:

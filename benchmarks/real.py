@@ -31,7 +31,7 @@ TRAIN, TEST = 2000, 200
 
 def heldout_at(model: str, heldout_path: str, max_tokens: int) -> float:
     """Greedy held-out accuracy of a model directory with a given completion budget."""
-    from prl.learner.evaluate import encode_heldout, heldout_accuracy
+    from prl.evaluation import encode_heldout, heldout_accuracy
     from prl.generation import TransformersBackend
     from prl.rewards import reasoning_gym
     from prl.tasks.datasets import load_problems
@@ -58,21 +58,21 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
         summary = run_pipeline(cfg, progress=False, max_seconds=minutes * 60)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
         end_long = heldout_at(latest_uri(run_dir), cfg.task.heldout_path, long_tokens) if long_tokens else None
-    evals = [r for r in rows if "learner/eval/accuracy" in r]
+    evals = [r for r in rows if "eval/accuracy" in r]
     steps = [r for r in rows if "learner/train_seconds" in r]
     sched = [r for r in rows if r["service"] == "scheduler"]
     t0 = rows[0]["time"]
     return {
-        "seed": seed, "start": evals[0]["learner/eval/accuracy"], "end": evals[-1]["learner/eval/accuracy"],
+        "seed": seed, "start": evals[0]["eval/accuracy"], "end": evals[-1]["eval/accuracy"],
         "end_long": end_long,
         "curve": curve_of(evals, t0),
         "rollouts": summary["rollouts_generated"], "steps": summary["steps"], "wall_s": summary["seconds"],
         "train_s": sum(r["learner/train_seconds"] for r in steps),
         "checkpoint_s": sum(r.get("learner/checkpoint_seconds", 0.0) for r in steps),
         "publish_s": sum(r.get("learner/publish_seconds", 0.0) for r in steps),
-        "version_bytes": [r["learner/version_bytes"] for r in steps if "learner/version_bytes" in r],
+        "version_bytes": [r["learner/version_bytes"] for r in rows if "learner/version_bytes" in r],
         "first_at_036": next((m for m, _, a in curve_of(evals, t0) if a >= 0.36), None),
-        "eval_s": sum(r["learner/eval/eval_seconds"] for r in evals),
+        "eval_s": sum(r["eval/eval_seconds"] for r in evals),
         "generate_s": sched[-1]["scheduler/generate_seconds"] if sched else 0.0,
         "signal_share": sched[-1]["scheduler/signal_share"] if sched else 0.0,
         "trained_rollouts": sum(r["learner/rollouts"] for r in steps),
@@ -81,7 +81,7 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
 
 def curve_of(evals: list[dict], t0: float) -> list[tuple]:
     """(minutes since the run began, rollouts generated, held-out accuracy) per evaluation."""
-    return [((r["time"] - t0) / 60, r.get("rollouts_generated", 0), r["learner/eval/accuracy"]) for r in evals]
+    return [((r["time"] - t0) / 60, r.get("rollouts_generated", 0), r["eval/accuracy"]) for r in evals]
 
 
 def curves_png(runs: list[dict], out: str, minutes: float) -> None:

@@ -14,8 +14,9 @@ Loop, top to bottom:
      carrying its checksum;
   5. every ``checkpoint_every`` steps write a checkpoint (float32 weights, optimizer state,
      counters) and commit the batch offsets it covers (so a restarted learner neither skips
-     nor repeats a batch);
-  6. evaluate on the held-out set every ``eval_every`` steps.
+     nor repeats a batch).
+
+The learner only learns: held-out evaluation is the generation fleet's (scheduler/evaluation.py).
 
 A restarted learner resumes from its last checkpoint and trains again the batches after it.
 The versions it makes again are not announced: a version number names one set of weights for
@@ -26,23 +27,20 @@ until the learner passes it, its weights go nowhere.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import numpy as np
 
 from prl.learner import checkpoint, distributed
-from prl.learner.evaluate import encode_heldout, heldout_accuracy
 from prl.learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
 from prl.learner.train import make_optimizer, train_step
 from prl import storage
 from prl.formulas import rollout_age
-from prl.generation import TransformersBackend
 from prl.models import (bf16_autocast_on, export_state, load_model, load_state, load_tokenizer, lora_config, native_bf16,
                         resolve_model_dir)
-from prl.policy import PolicyWriter, newest_version
-from prl.rewards import load_reward
+from prl.policy import PolicyWriter, VersionRejected, newest_version, read_meta
+from prl.trust import policy_root, version_name
 from prl.service import Service, ServiceStopped
-from prl.tasks import heldout_problems
 from prl.schemas import DecodeError, PolicyVersion, TrainBatch, TrainBatchRefs, decode, encode
 from prl.schemas.topics import BATCHES, POLICY, ROLLOUTS
 
@@ -77,19 +75,15 @@ class Learner(Service):
         self.resume_and_shard()
         self.published = newest_version(cfg.run.run_dir)  # numbers up to it are never announced again
         self.writer = PolicyWriter(cfg.run.run_dir, cfg.model.dtype)
+        self.outgoing: deque = deque()  # (version, last batch seq, future of its write), oldest first
         self.log.info("memory", **distributed.memory_report(self.model, self.dist))
         if self.is_main:
             self.log_precision()
-        self.prepare_evaluation()
         self.source, self.exhausted, self.groups = None, False, None  # groups: claim-check batches' rollouts, made on first use
         if self.is_main:
             self.source = FileSource(batches_from) if batches_from else \
                 TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
-            if self.version == self.published == 0:
-                self.announce(PolicyVersion(0, "", -1, time.time()))  # the base model: a fresh run
-        self.evaluated_at = -1
-        if cfg.learner.eval_every and self.heldout and self.version == 0:
-            self.evaluate()
+            self.announce_start()
 
     def log_precision(self) -> None:
         """Say once whether training runs under bf16 autocast; warn when it was asked for where
@@ -148,17 +142,6 @@ class Learner(Service):
         weights = distributed.full_weights(self.model, self.dist)
         return export_state(self.model, weights) if weights else {}
 
-    def prepare_evaluation(self) -> None:
-        """The held-out problems (single process only) and their prompts, checked once: a
-        prompt the model cannot take stops the learner before any training."""
-        self.heldout = heldout_problems(self.cfg.task) if self.dist is None else []
-        self.reward_fn = load_reward(self.cfg.producer.reward)
-        self.eval_backend = TransformersBackend(self.model, self.tokenizer)
-        try:
-            self.heldout_ids = encode_heldout(self.eval_backend, self.heldout, self.cfg.sampling.max_tokens)
-        except ValueError as exc:
-            raise ServiceStopped(f"{exc} (task.heldout_path / model.path)") from None
-
     def publish(self) -> dict:
         """Write this version (unless it was written before a restart) and announce it; return
         its figures for the step's metrics."""
@@ -169,10 +152,34 @@ class Learner(Service):
         if not self.is_main:
             return {}
         t0 = time.perf_counter()
-        out = self.writer.publish(self.version, tensors, adapter=self.lora)
+        self.outgoing.append((self.version, self.last_seq, self.writer.publish_async(self.version, tensors, adapter=self.lora)))
         self.published = self.version
-        self.announce(PolicyVersion(self.version, out.uri, self.last_seq, time.time(), out.kind, out.checksum))
-        return {"publish_seconds": time.perf_counter() - t0, "version_bytes": out.bytes, f"version_kind/{out.kind}": 1}
+        self.announce_written()
+        return {"publish_seconds": time.perf_counter() - t0}  # the learner's own time; the writing is the writer's
+
+    def announce_written(self, wait: bool = False) -> None:
+        """Announce, in order, the versions whose writing has finished (with ``wait``, all of
+        them, once written), each with a metrics line of its bytes and writing time."""
+        while self.outgoing and (wait or self.outgoing[0][2].done()):
+            version, last_seq, future = self.outgoing.popleft()
+            written = future.result()  # a write that failed stops the learner: nothing unwritten is announced
+            self.announce(PolicyVersion(version, written.uri, last_seq, time.time(), written.kind, written.checksum))
+            self.emit({"version_bytes": written.bytes, "write_seconds": written.seconds, f"version_kind/{written.kind}": 1},
+                      step=version)
+
+    def announce_start(self) -> None:
+        """Say where the learner starts: the base model (a fresh run), or the version of the
+        checkpoint it resumed from, as it was written then (the same number, the same weights),
+        so a scheduler that restarted with it knows which batches it has trained."""
+        if self.version == 0:
+            self.announce(PolicyVersion(0, "", -1, time.time()))
+            return
+        uri = f"{policy_root(self.cfg.run.run_dir)}/{version_name(self.version)}"
+        try:
+            meta = read_meta(uri, self.version)
+        except VersionRejected:
+            return  # pruned (the checkpoint is older than the kept chains): later versions will say it
+        self.announce(PolicyVersion(self.version, uri, self.last_seq, time.time(), meta["kind"], meta["checksum"]))
 
     def announce(self, record: PolicyVersion) -> None:
         self.send(POLICY, record, key=self.cfg.run.name.encode())
@@ -181,6 +188,7 @@ class Learner(Service):
     def step(self) -> bool:
         if self.version >= self.cfg.learner.max_steps or self.exhausted:
             return True
+        self.announce_written()
         data = None
         if self.is_main:
             msg, self.exhausted = self.source.next(self.poll_s)
@@ -196,7 +204,10 @@ class Learner(Service):
             self.exhausted = True
         elif data is not None:
             self.train_on(decode(data, TrainBatch))
-        return self.version >= self.cfg.learner.max_steps or self.exhausted
+        done = self.version >= self.cfg.learner.max_steps or self.exhausted
+        if done:
+            self.announce_written(wait=True)  # the last versions go out before the learner is done
+        return done
 
     def resolve(self, msg) -> TrainBatch | None:
         """The batch in ``msg`` (a claim-check batch with its rollouts fetched), or None after
@@ -250,8 +261,8 @@ class Learner(Service):
         return None
 
     def train_on(self, batch: TrainBatch) -> None:
-        """One optimizer step on what is usable in ``batch``; then checkpoint, announce,
-        record metrics and (every eval_every steps) evaluate."""
+        """One optimizer step on what is usable in ``batch``; then publish and announce the
+        version, checkpoint every checkpoint_every steps, record metrics."""
         if batch.seq <= self.last_seq:
             self.count("duplicate_batches")
             self.log.info("duplicate_batch_skipped", seq=batch.seq, last_seq=self.last_seq)
@@ -279,13 +290,6 @@ class Learner(Service):
             stats["checkpoint_seconds"] = time.perf_counter() - t1
         self.last_stats = stats
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
-        if self.heldout and self.evaluation_due():
-            self.evaluate()
-
-    def evaluation_due(self) -> bool:
-        """Every eval_every steps, and at the last."""
-        cfg = self.cfg.learner
-        return bool(cfg.eval_every) and (self.version % cfg.eval_every == 0 or self.version >= cfg.max_steps)
 
     def usable_rollouts(self, batch: TrainBatch) -> tuple[list, int, int]:
         """(rollouts to train on, stale dropped, repeats dropped): older than tau_max at this
@@ -321,21 +325,13 @@ class Learner(Service):
         if self.is_main:  # offsets move with checkpoints: a restart re-reads what the checkpoint lacks
             self.source.commit()
 
-    def evaluate(self) -> dict:
-        t0 = time.perf_counter()
-        acc = heldout_accuracy(self.eval_backend, self.heldout, self.heldout_ids, self.reward_fn,
-                               self.cfg.sampling.max_tokens)
-        acc["eval_seconds"] = time.perf_counter() - t0
-        self.emit({f"eval/{k}": v for k, v in acc.items()}, step=self.version, rollouts_generated=self.rollouts_generated)
-        self.log.info("heldout", step=self.version, **{k: round(v, 3) for k, v in acc.items()})
-        self.last_eval, self.evaluated_at = acc, self.version
-        return acc
-
     def gauges(self) -> dict:
         return {**self.counters, "version": self.version, "last_batch_seq": self.last_seq,
                 "rollouts_generated": self.rollouts_generated}
 
     def close(self) -> None:
+        if self.is_main:
+            self.announce_written(wait=True)
         if self.source is not None:
             self.source.close()
         if self.groups is not None:

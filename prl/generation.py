@@ -3,8 +3,8 @@
 A backend turns prompts (token ids) into ``n`` sampled completions each, with the
 log-probability of every sampled token under the sampling distribution (logits divided
 by the temperature), and takes a new policy version in place: the weights (already rebuilt
-and verified, prl/policy.py), or a LoRA adapter on the base model. ``make_backend("auto", ...)`` picks vLLM when it is importable and the
-transformers backend otherwise.
+and verified, prl/policy.py), or a LoRA adapter on the base model. ``make_backend("auto", ...)``
+picks vLLM where it is importable and a GPU is present, the transformers backend otherwise.
 """
 
 from __future__ import annotations
@@ -216,6 +216,7 @@ class VLLMBackend(Backend):
         crosses into them, never tensors)."""
         from safetensors.torch import save_file
 
+        self.lora_request = None  # whole weights: no adapter on top
         path = local_version_dir(version) / "model.safetensors"
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
         self.llm.collective_rpc("prl_load_file", args=(str(path),))

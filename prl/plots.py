@@ -24,14 +24,14 @@ def learning_curve(rows: list[dict], out_uri: str, title: str = "held-out accura
     """Held-out accuracy (overall and per difficulty) against rollouts generated; False (and
     nothing written) when the rows hold no evaluation."""
     plt = pyplot()
-    evals = [r for r in rows if "learner/eval/accuracy" in r]
+    evals = [r for r in rows if "eval/accuracy" in r]
     if not evals:
         return False
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     x = [r.get("rollouts_generated", 0) for r in evals]
-    keys = sorted({k for r in evals for k in r if k.startswith("learner/eval/accuracy_d")})
+    keys = sorted({k for r in evals for k in r if k.startswith("eval/accuracy_d")})
     keys = keys if len(keys) > 1 else []  # one difficulty (a dataset without levels) is the mean itself
-    ax.plot(x, [r["learner/eval/accuracy"] for r in evals], "k-o", lw=2, ms=3, label="mean over difficulties")
+    ax.plot(x, [r["eval/accuracy"] for r in evals], "k-o", lw=2, ms=3, label="mean over difficulties")
     for k in keys:
         ax.plot(x, [r.get(k, float("nan")) for r in evals], "--", lw=1, label=f"difficulty {k.rsplit('_d', 1)[1]}")
     ax.set_xlabel("rollouts generated")
@@ -157,11 +157,11 @@ def run_report(rows: list[dict], out_uri: str) -> None:
     the share of groups with a signal and of replayed rollouts, rollout ages, stale drops."""
     plt = pyplot()
     learner = [r for r in rows if "learner/loss" in r]
-    evals = [r for r in rows if "learner/eval/accuracy" in r]
+    evals = [r for r in rows if "eval/accuracy" in r]
     sched = [r for r in rows if r.get("service") == "scheduler" and "scheduler/signal_share" in r]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     panels = [
-        (axes[0][0], evals, "rollouts_generated", ["learner/eval/accuracy"], "held-out accuracy"),
+        (axes[0][0], evals, "rollouts_generated", ["eval/accuracy"], "held-out accuracy"),
         (axes[0][1], learner, "step", ["learner/mean_reward", "learner/loss"], "trained reward and loss"),
         (axes[1][0], sched, "seq", ["scheduler/signal_share", "scheduler/retest_share", "scheduler/never_dispatched_share"],
          "scheduler shares"),

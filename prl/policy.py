@@ -27,6 +27,8 @@ storage. Nothing is pickled.
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import crc32c
@@ -71,7 +73,7 @@ def encode_delta(new: np.ndarray, old: np.ndarray) -> bytes:
     next): the planes of an ulp-sized change are mostly zeros."""
     x = np.bitwise_xor(new, old)
     planes = np.ascontiguousarray(x.view(np.uint8).reshape(-1, x.itemsize).T)
-    return zstandard.ZstdCompressor(level=DELTA_LEVEL).compress(planes.tobytes())
+    return zstandard.ZstdCompressor(level=DELTA_LEVEL).compress(planes)  # the array's buffer, not a copy of it
 
 
 def apply_delta(old: np.ndarray, blob: bytes) -> np.ndarray:
@@ -104,10 +106,13 @@ class Published:
     kind: str  # "full", "delta" or "adapter"
     checksum: str
     bytes: int  # what a producer that has the previous version reads
+    seconds: float = 0.0  # encoding and writing it
 
 
 class PolicyWriter:
-    """Writes each version, as a delta where that is smaller; one per learner."""
+    """Writes each version, as a delta where that is smaller; one per learner. ``publish_async``
+    takes the weights' bits at once and encodes and writes them on a thread of its own, one
+    version after another, so the learner trains on meanwhile."""
 
     def __init__(self, run_dir: str, dtype: str, full_every: int = FULL_EVERY):
         """``full_every``: a full base every N versions (1: every version full, no deltas)."""
@@ -115,12 +120,21 @@ class PolicyWriter:
         self.previous: tuple[int, np.ndarray] | None = None  # (version, bits) of the last written
         self.kinds: dict[str, str | None] = {}  # version directory -> its kind, as read or written
         self.chain_bytes = 0  # deltas written since the last base
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="prl-policy")  # one: versions written in order
 
     def publish(self, version: int, tensors: dict, adapter: bool = False) -> Published:
         """Write ``tensors`` (the model's weights, or a LoRA adapter's) as policy ``version``."""
-        names = list(tensors)
-        spec = [[n, list(tensors[n].shape)] for n in names]
-        bits = flat_bits(tensors, names, self.dtype)
+        return self.publish_async(version, tensors, adapter).result()
+
+    def publish_async(self, version: int, tensors: dict, adapter: bool = False) -> Future:
+        """Take ``tensors``' bits now (the caller may change the tensors after); encode and write
+        them as ``version`` on the writer's thread. The future's result is the Published."""
+        spec = [[n, list(tensors[n].shape)] for n in tensors]
+        bits = flat_bits(tensors, list(tensors), self.dtype)
+        return self.worker.submit(self.write, version, bits, spec, adapter)
+
+    def write(self, version: int, bits: np.ndarray, spec: list, adapter: bool) -> Published:
+        t0 = time.perf_counter()
         meta = {"version": version, "dtype": self.dtype, "tensors": spec, "checksum": weights_checksum(bits)}
         if adapter:
             kind, files = "adapter", {"adapter.safetensors": storage.safetensors_chunks(unflatten(bits, spec, self.dtype))}
@@ -133,7 +147,7 @@ class PolicyWriter:
         self.previous = (version, bits)
         self.kinds[version_name(version)] = kind
         self.prune()
-        return Published(uri, kind, meta["checksum"], size)
+        return Published(uri, kind, meta["checksum"], size, time.perf_counter() - t0)
 
     def encode(self, version: int, bits: np.ndarray, spec: list) -> tuple[str, dict]:
         """("delta", files) against the previous version when it is one step back, not a base's

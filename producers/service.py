@@ -11,6 +11,11 @@ Loop, top to bottom:
   5. publish one RolloutGroup per dispatch, carrying the loaded policy version (a group
      without a signal as its rewards only, with producer.drop_zero_signal_completions);
   6. wait for the broker's acknowledgement, then commit the dispatch offsets.
+
+EvalRequests come on the same topic: each is answered greedily by the version it names and no
+other, the one served or that version rebuilt from storage and swapped in for the call, and the
+answers go back as an EvalResult (or one saying why it cannot). A producer finishes once it
+serves the learner's last version and no request has come for ``FINISH_IDLE_S``.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from prl.models import base_weight_shapes, resolve_model_dir
 from prl.policy import PolicyReader, VersionRejected, newest_version, version_whole
 from prl.service import Service
 from prl.trust import version_problem
-from prl.schemas import Dispatch, PolicyVersion, Rollout, RolloutGroup
+from prl.evaluation import greedy_rewards
+from prl.schemas import Dispatch, EvalRequest, EvalResult, PolicyVersion, Rollout, RolloutGroup
 from prl.schemas.topics import POLICY, PROBLEMS, ROLLOUTS
 
 CATCH_UP_S = 30.0  # at start, read the policy topic to its end (at most this long) before generating
 LINGER_S = 0.05  # after the first dispatch arrives, wait this long for more to fill the generation call
+FINISH_IDLE_S = 10.0  # at the last version, serve on until no request has come for this long (the last evaluation)
+ANNOUNCED_KEPT = 8  # recent announcements remembered, to rebuild a version an evaluation names
 
 
 def rewards_only(rollouts: list[Rollout]) -> list[Rollout]:
@@ -60,17 +68,26 @@ class Producer(Service):
         self.producer_id = producer_id or default_producer_id()
         self.log = self.log.bind(producer_id=self.producer_id)
         self.versions = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
+        self.serving: tuple[str, dict | None] = ("base", None)  # what is loaded: its kind and tensors
+        self.announced: dict[int, PolicyVersion] = {}  # recent announcements of the run's own versions
+        self.base: dict | None = None  # the base model's weights, once an evaluation needs them back
+        self.last_request_at = time.monotonic()
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
         self.maybe_reload(wait_s=CATCH_UP_S)  # the newest policy before the first generation
         self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
 
     def step(self) -> bool:
         self.maybe_reload()
-        if self.backend.version >= self.cfg.learner.max_steps:
+        if self.backend.version >= self.cfg.learner.max_steps and time.monotonic() - self.last_request_at > FINISH_IDLE_S:
             self.log.info("learner_finished", policy_version=self.backend.version)
-            return True  # the last policy is loaded: nothing more to generate for
+            return True  # the last policy is served and its evaluation answered: nothing more to do
         msgs = self.poll_dispatches()
-        dispatches = [d for d in (self.decode_or_dead_letter(m, Dispatch) for m in msgs) if d is not None]
+        records = [r for r in (self.decode_or_dead_letter(m, (Dispatch, EvalRequest)) for m in msgs) if r is not None]
+        if msgs:
+            self.last_request_at = time.monotonic()
+        for request in (r for r in records if isinstance(r, EvalRequest)):
+            self.send(ROLLOUTS, self.evaluate(request), key=request.request_id.encode())
+        dispatches = [r for r in records if isinstance(r, Dispatch)]
         if dispatches:
             groups = self.rollout_groups(dispatches)
             for group in groups:
@@ -78,8 +95,61 @@ class Producer(Service):
             self.publisher.flush()
             self.emit(self.call_metrics(groups), policy_version=self.backend.version)
         if msgs:
+            self.publisher.flush()
             self.dispatches.commit()
         return False
+
+    def evaluate(self, request: EvalRequest) -> EvalResult:
+        """Greedy answers with ``request.version`` and no other: the weights served, or that
+        version rebuilt from storage (verified) and swapped in for the call, then swapped back."""
+        if request.version > self.backend.version and request.version not in self.announced:
+            self.maybe_reload()  # the scheduler can see an announcement before this producer does
+        version, served = request.version, self.backend.version
+        try:
+            swap = None if version == served else self.weights_of(version)
+            prompts = [self.backend.encode(p.prompt, chat=p.chat) for p in request.problems]
+        except Exception as exc:  # not rebuildable here, or a prompt the model cannot take
+            self.count("evaluations_refused")
+            return EvalResult(request.request_id, version, self.producer_id, [], [], [],
+                              f"cannot answer with version {version} (serving {served}): {type(exc).__name__}: {exc}"[:400])
+        if swap is not None:
+            self.load(*swap, version)
+        try:
+            rewards, texts = greedy_rewards(self.backend, prompts, [p.answer for p in request.problems], self.reward,
+                                            request.max_tokens)
+        finally:
+            if swap is not None:
+                self.load(*self.serving, served)
+        self.count("evaluations_answered")
+        return EvalResult(request.request_id, version, self.producer_id, [p.problem_id for p in request.problems],
+                          rewards, texts, created_at=time.time())
+
+    def weights_of(self, version: int) -> tuple[str, dict]:
+        """(kind, tensors) of a version this producer does not serve: the base model, or an
+        announced version rebuilt from storage and checked against its announcement."""
+        if version == 0:
+            return "base", None
+        record = self.announced.get(version)
+        if record is None:
+            raise LookupError(f"no announcement of version {version} seen")
+        return record.kind, PolicyReader(self.versions.expected).read(record.uri, version, record.kind,
+                                                                      record.weights_checksum)
+
+    def load(self, kind: str, tensors: dict | None, version: int) -> None:
+        """Serve ``tensors`` of ``kind`` as ``version`` (``base``: the model as it was loaded)."""
+        if kind == "adapter":
+            self.backend.load_adapter(tensors, version)
+            return
+        if kind == "base":
+            if self.base is None:  # as the backend serves it at start: rounded to model.dtype
+                import torch
+
+                from prl.models import export_state, load_model
+
+                dtype = getattr(torch, self.cfg.model.dtype)
+                self.base = {k: v.to(dtype) for k, v in export_state(load_model(self.cfg.model.path)).items()}
+            tensors = self.base
+        self.backend.load_state(tensors, version)
 
     def poll_dispatches(self) -> list:
         """Up to max_dispatches_per_call dispatches: wait for the first, then linger briefly
@@ -100,13 +170,23 @@ class Producer(Service):
         deadline = time.monotonic() + wait_s
         while True:
             msgs = self.policy.poll(0.0 if not wait_s else 0.2)
-            announced += [(m, r) for m, r in ((m, self.decode_or_dead_letter(m, PolicyVersion)) for m in msgs)
-                          if r is not None and r.uri and r.version > self.backend.version]
+            records = [(m, r) for m, r in ((m, self.decode_or_dead_letter(m, PolicyVersion)) for m in msgs)
+                       if r is not None and r.uri]
+            self.remember(r for _, r in records)
+            announced += [(m, r) for m, r in records if r.version > self.backend.version]
             if not msgs and (self.policy.caught_up() or time.monotonic() >= deadline):
                 break
         for msg, record in sorted(announced, key=lambda mr: mr[1].version, reverse=True):
             if self.try_load(msg, record):
                 return
+
+    def remember(self, records) -> None:
+        """Keep the newest announcements of the run's own versions (an evaluation may name one)."""
+        for r in records:
+            if version_problem(r.uri, self.cfg.run.run_dir, r.version) is None:
+                self.announced[r.version] = r
+        for old in sorted(self.announced)[:-ANNOUNCED_KEPT]:
+            del self.announced[old]
 
     def try_load(self, msg, record: PolicyVersion) -> bool:
         """Serve ``record``'s version if it is this run's version of that number and rebuilds
@@ -119,8 +199,8 @@ class Producer(Service):
         t0 = time.perf_counter()
         try:
             tensors = self.versions.read(record.uri, record.version, record.kind, record.weights_checksum)
-            load = self.backend.load_adapter if record.kind == "adapter" else self.backend.load_state
-            load(tensors, record.version)
+            self.load(record.kind, tensors, record.version)
+            self.serving = (record.kind, tensors)
         except Exception as exc:
             if self.superseded(record):
                 self.count("superseded_versions_skipped")  # the learner keeps the last chains only

@@ -12,12 +12,17 @@ Loop, top to bottom:
      the batch names the rollouts' messages instead of copying them); the state is
      snapshotted before each batch goes out;
   5. top up dispatches to the in-flight bound.
+
+Beside training, the scheduler has the fleet evaluate the held-out set at the versions due
+(scheduler/evaluation.py); once the learner has taken its last step, the scheduler waits for
+that version's evaluation, snapshots and finishes.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,19 +30,30 @@ import numpy as np
 from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
 from prl.trust import version_problem
-from prl.tasks import group_indices, train_problems
+from prl.tasks import group_indices, heldout_problems, train_problems
 from prl.formulas import has_signal
 from prl.scheduler.batches import compose_batch
+from prl.scheduler.evaluation import Evaluator
 from prl.scheduler.replay import ReplayBuffer
 from prl.scheduler.archive import RolloutArchive
 from prl.scheduler.archive import root as archive_root
 from prl.scheduler.samplers import make_sampler
 from prl.scheduler.snapshot import expect_inside, expect_sized, read_snapshot, write_snapshot
-from prl.schemas import Dispatch, PolicyVersion, RolloutGroup, RolloutRef, Sampling, TrainBatch, TrainBatchRefs
+from prl.schemas import Dispatch, EvalResult, PolicyVersion, RolloutGroup, RolloutRef, Sampling, TrainBatch, TrainBatchRefs
 from prl.schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
 TRACKER_TABLE_EVERY = 50  # a table of sampled rollouts goes to the trackers every N batches
 BATCH_BYTES_PER_TOKEN = 10  # a TrainBatch's bytes per token (id, log-prob, framing): its token budget
+
+
+def refuse_overlap(heldout: list, index: dict) -> list:
+    """The held-out set, unless it shares a problem id with the training set: a held-out
+    problem is never trained (ServiceStopped naming the overlap)."""
+    shared = [p.id for p in heldout if p.id in index]
+    if shared:
+        raise ServiceStopped(f"task.heldout_path shares {len(shared)} problem ids with task.train_path (e.g. {shared[0]!r}): "
+                             "a held-out problem is never trained; remove them from one of the files")
+    return heldout
 
 
 def rollout_sample(groups: list[RolloutGroup], batch: TrainBatch, n: int = 8) -> tuple[list[str], list[list]]:
@@ -91,29 +107,52 @@ class Scheduler(Service):
         self.groups_with_signal = 0
         self.started_at = time.time()
         self.archive = RolloutArchive(archive_root(cfg.run.run_dir))
+        self.heldout = refuse_overlap(heldout_problems(cfg.task), self.index)
+        self.evaluator = Evaluator(self.heldout, cfg, self.send_evaluation, self.emit_evaluation, self.log)
+        self.asked: deque[int] = deque()  # versions a caller wants evaluated (prl run's last), taken in step()
         self.restore()
+        if self.evaluator.due(self.learner_version):
+            self.evaluator.start(self.learner_version, self.rollouts_generated)  # the policy the run starts from
         self.rollouts = transport.subscriber([self.topic(ROLLOUTS)], group=f"{cfg.run.name}.scheduler")
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
 
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> bool:
         self.read_policy()
-        if self.learner_done():
-            return True
+        while self.asked:
+            self.evaluator.start(self.asked.popleft(), self.rollouts_generated)
+        if self.learner_version >= self.cfg.learner.max_steps:
+            return self.finish()
         self.accept_rollouts()
         self.redispatch_timed_out()
         self.publish_batches()
         self.top_up()
         return False
 
-    def learner_done(self) -> bool:
-        """The learner has reached its last step: nothing more to schedule (a snapshot keeps
-        the state for a continued run)."""
-        if self.learner_version < self.cfg.learner.max_steps:
+    def finish(self) -> bool:
+        """The learner has taken its last step: once that version's evaluation is answered (or
+        given up), snapshot (for a continued run) and finish."""
+        if not self.evaluator.settled(self.learner_version):
+            self.accept_rollouts()
+            self.evaluator.redispatch_timed_out(self.cfg.scheduler.dispatch_timeout_s)
+            self.flush()
             return False
         self.snapshot()
         self.log.info("learner_finished", learner_version=self.learner_version)
         return True
+
+    def send_evaluation(self, request) -> None:
+        self.send(PROBLEMS, request, key=request.request_id.encode())
+        self.unacked.append(request.issued_at)  # acknowledged with the turn's dispatches
+
+    def emit_evaluation(self, values: dict, **context) -> None:
+        """Evaluation figures under their own namespace: eval/accuracy, eval/accuracy_d1, ..."""
+        if self.metrics is not None:
+            self.metrics.write("eval", values, **context)
+
+    def ask_evaluation(self, version: int) -> None:
+        """Evaluate ``version`` too (thread-safe: `prl run` asks for the version its budget ended at)."""
+        self.asked.append(version)
 
     def read_policy(self) -> None:
         """Follow the learner's announcements (older ones, replayed from the topic's start,
@@ -127,6 +166,8 @@ class Scheduler(Service):
                 continue
             self.learner_version = record.version
             self.learner_last_seq = max(self.learner_last_seq, record.last_batch_seq)
+            if self.evaluator.due(record.version):
+                self.evaluator.start(record.version, self.rollouts_generated)
         self.sampler.on_version(self.learner_version)
 
     def implausible(self, record: PolicyVersion) -> str | None:
@@ -147,7 +188,10 @@ class Scheduler(Service):
             msgs = self.rollouts.poll(self.poll_s)
         outcomes: list[tuple[int, int, int]] = []  # (problem, solved, attempts), observed together
         for msg in msgs:
-            group = self.decode_or_dead_letter(msg, RolloutGroup)
+            group = self.decode_or_dead_letter(msg, (RolloutGroup, EvalResult))
+            if isinstance(group, EvalResult):
+                self.accept_evaluation(msg, group)
+                continue
             if group is None or not self.acceptable(msg, group):
                 continue
             if self.cfg.scheduler.claim_check:  # where the group is, for batches that reference it
@@ -182,6 +226,13 @@ class Scheduler(Service):
             return False
         return True
 
+    def accept_evaluation(self, msg, result: EvalResult) -> None:
+        """An evaluation's answers go to the evaluator alone, once checked against its request."""
+        if problem := self.evaluator.problem(result):
+            self.reject(msg, *problem)
+        elif not self.evaluator.accept(result):
+            self.count("duplicate_or_unknown_evaluations")
+
     def accept(self, group: RolloutGroup) -> int | None:
         """Take a result in; return its problem index (the sampler observes its rewards), or
         None for a duplicate or unknown one, or an error (the problem is retired)."""
@@ -210,6 +261,7 @@ class Scheduler(Service):
         return flight.problem
 
     def redispatch_timed_out(self) -> None:
+        self.evaluator.redispatch_timed_out(self.cfg.scheduler.dispatch_timeout_s)
         now = time.time()
         for did, flight in list(self.in_flight.items()):
             if now - flight.issued_at > self.cfg.scheduler.dispatch_timeout_s:
@@ -359,6 +411,7 @@ class Scheduler(Service):
             "sampler": self.sampler.state_dict(),
             "trained": self.trained.copy(),
             "replay": replay_state,
+            "evaluator": self.evaluator.state_dict(),
         }
 
     def check_state(self, state: dict) -> None:
@@ -366,7 +419,9 @@ class Scheduler(Service):
         self.sampler.check_state(state["sampler"])
         n = len(self.problems)
         expect_sized({"trained": (state["trained"], n)})
-        expect_inside({"in_flight": ([entry[0] for entry in state["in_flight"].values()], 0, n)})
+        expect_inside({"in_flight": ([entry[0] for entry in state["in_flight"].values()], 0, n),
+                       "evaluator.pending": ([i for p in state["evaluator"]["pending"].values() for i in p[1]], 0,
+                                             max(1, len(self.heldout)))})
 
     def load_state_dict(self, state: dict, fresh: list[RolloutGroup], replay: list, pending: TrainBatch | None = None) -> None:
         for name in self.SCALARS:
@@ -378,6 +433,7 @@ class Scheduler(Service):
         self.fresh = list(fresh)
         if self.replay is not None and state.get("replay"):
             self.replay.load_state_dict(state["replay"], replay)
+        self.evaluator.load_state_dict(state["evaluator"])
 
     def snapshot(self, pending: TrainBatch | None = None) -> None:
         """Write the state (and the batch about to be published), then commit the rollout

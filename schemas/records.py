@@ -358,7 +358,62 @@ class DeadLetter:
         pass
 
 
-RECORD_TYPES = {cls.KIND: cls for cls in (Dispatch, RolloutGroup, TrainBatch, TrainBatchRefs, PolicyVersion, DeadLetter)}
+@record()
+class EvalProblem:
+    """One held-out problem of an evaluation request."""
+
+    problem_id: str
+    prompt: str
+    answer: str
+    difficulty: int = 0
+    chat: bool = False
+
+
+@record("eval_request")
+class EvalRequest:
+    """The scheduler asks a producer to answer held-out problems greedily with policy version
+    ``version`` and no other (on the problems topic, beside Dispatches)."""
+
+    request_id: str
+    version: int
+    problems: list[EvalProblem]
+    max_tokens: Int32
+    attempt: Int32 = 0
+    issued_at: float = 0.0
+
+    def validate(self) -> None:
+        _require(bool(self.request_id), "invalid_value", "empty request_id")
+        _require(0 <= self.version <= MAX_COUNT, "invalid_value", "version out of range")
+        _require(1 <= len(self.problems) <= 4096, "invalid_value", "an evaluation request holds 1 to 4096 problems")
+        _require(1 <= self.max_tokens <= MAX_TOKENS, "invalid_value", f"max_tokens must be in [1, {MAX_TOKENS}]")
+        _require(all(p.problem_id and p.prompt for p in self.problems), "invalid_value", "a problem without id or prompt")
+
+
+@record("eval_result")
+class EvalResult:
+    """A producer's answers to an EvalRequest, made by ``version`` (on the rollouts topic):
+    one reward and greedy completion per problem, in the request's order; or none and an
+    ``error`` saying why it could not answer with that version."""
+
+    request_id: str
+    version: int
+    producer_id: str
+    problem_ids: list[str]
+    rewards: list[float]
+    texts: list[str]
+    error: str = ""
+    created_at: float = 0.0
+
+    def validate(self) -> None:
+        _require(0 <= self.version <= MAX_COUNT, "invalid_value", "version out of range")
+        _require(len(self.problem_ids) == len(self.rewards) == len(self.texts), "invalid_value",
+                 "one reward and text per problem")
+        _require(bool(self.error) != bool(self.problem_ids), "invalid_value", "answers, or an error, not both")
+        _require(all(math.isfinite(r) for r in self.rewards), "invalid_value", "reward is not finite")
+
+
+RECORD_TYPES = {cls.KIND: cls for cls in (Dispatch, RolloutGroup, TrainBatch, TrainBatchRefs, PolicyVersion, DeadLetter,
+                                          EvalRequest, EvalResult)}
 
 
 def valid_temperature(t: float) -> bool:
@@ -387,7 +442,7 @@ def record_row(record) -> dict:
     row = _fields(record)
     if "sampling" in row:
         row["sampling"] = _fields(row["sampling"])
-    for nested in ("rollouts", "refs"):
+    for nested in ("rollouts", "refs", "problems"):
         if nested in row:
             row[nested] = [_fields(r) for r in row[nested]]
     return row
@@ -525,4 +580,6 @@ def _from_row(cls, row: dict):
         row["rollouts"] = [TrainRollout(**r) for r in row["rollouts"]]
     elif cls is TrainBatchRefs:
         row["refs"] = [RolloutRef(**r) for r in row["refs"]]
+    elif cls is EvalRequest:
+        row["problems"] = [EvalProblem(**p) for p in row["problems"]]
     return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})

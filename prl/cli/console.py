@@ -25,7 +25,7 @@ class Console:
             else:
                 bar = dict(total=total_steps, initial=first_step, desc="learner steps", unit="step")
             self.bar = tqdm(**bar, dynamic_ncols=True, file=sys.stderr)
-        self.shown_eval = -1
+        self.shown: set[int] = set()  # versions whose evaluation line was shown
         self.t0 = time.perf_counter()
 
     def update(self, learner, scheduler) -> None:
@@ -37,9 +37,10 @@ class Console:
             else:
                 self.bar.n = learner.version
             self.bar.refresh()
-        if self.enabled and getattr(learner, "evaluated_at", -1) != self.shown_eval and hasattr(learner, "last_eval"):
-            self.shown_eval = learner.evaluated_at
-            self.emit(progress_figures(learner, scheduler, time.perf_counter() - self.t0))
+        for e in scheduler.evaluator.done():  # evaluations finish on the scheduler's thread, in any order
+            if self.enabled and e.version not in self.shown:
+                self.shown.add(e.version)
+                self.emit(progress_figures(learner, scheduler, e, time.perf_counter() - self.t0))
 
     def emit(self, figures: dict) -> None:
         if self.fmt == "json":
@@ -60,14 +61,15 @@ class Console:
             self.bar = None
 
 
-def progress_figures(learner, scheduler, seconds: float) -> dict:
+def progress_figures(learner, scheduler, evaluation, seconds: float) -> dict:
+    """One evaluation's line: its version and accuracy, and how the run stood when it was asked."""
     stats = getattr(learner, "last_stats", {})
     returned = max(1, scheduler.groups_returned)
     stale = learner.counters.get("stale_dropped", 0) + sum(
         v for k, v in scheduler.counters.items() if k.startswith("stale_groups_dropped/"))
-    return {"step": learner.evaluated_at, "rollouts": learner.rollouts_generated,
+    return {"step": evaluation.version, "rollouts": evaluation.rollouts_generated,
             "rollouts_per_s": learner.rollouts_generated / max(seconds, 1e-9),
-            "reward": stats.get("mean_reward", 0.0), "heldout_accuracy": learner.last_eval.get("accuracy", 0.0),
+            "reward": stats.get("mean_reward", 0.0), "heldout_accuracy": evaluation.figures["accuracy"],
             "zero_signal_share": 1 - scheduler.groups_with_signal / returned,
             "replay_share": stats.get("replay_share", 0.0), "stale_dropped": stale}
 

@@ -287,7 +287,7 @@ def format_row(row: dict) -> str:
 
 def report(run_dir: str) -> list[str]:
     """Every service's metrics under ``run_dir`` (metrics*.jsonl, parts included) drawn as
-    learning_curve.png (when the learner evaluated) and run_report.png there; returns the
+    learning_curve.png (when held-out evaluations finished) and run_report.png there; returns the
     PNG paths written."""
     from prl.metrics import read_run_metrics
     from prl.plots import learning_curve, run_report

@@ -20,6 +20,7 @@ from prl.cli.console import Console, summary_table
 from prl.errors import UsageError
 from prl.metrics import MetricsSink, read_run_metrics
 from prl.plots import learning_curve, priority_histogram
+from prl.scheduler.evaluation import MAX_ATTEMPTS
 from prl.service import ServiceStopped
 from prl.storage import check_writable
 from prl.trackers import make_trackers
@@ -125,9 +126,10 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
                  stop: threading.Event | None = None) -> dict:
     """Run until the learner reaches ``learner.max_steps``, or has trained on batches that
     took ``max_rollouts`` generated rollouts, or ``max_seconds`` of wall time are nearly up
-    (training stops one step and one evaluation before the limit); then stop the scheduler
-    and producer and evaluate once more. ``stop`` ends it after the current step, with a
-    checkpoint of that step and no final evaluation. Return start/end accuracy."""
+    (training stops one step and one evaluation before the limit); then have the fleet
+    evaluate the last version and stop the scheduler and producer. ``stop`` ends it after the
+    current step, with a checkpoint of that step and no final evaluation. Return start/end
+    accuracy."""
     from prl.learner.service import Learner
     from prl.producers.service import Producer
     from prl.scheduler.service import Scheduler
@@ -137,16 +139,15 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     metrics = MetricsSink(cfg.run.run_dir, trackers=make_trackers(cfg, "run"))
     budget = Budget(max_rollouts, max_seconds)
     learner = Learner(cfg, transport, metrics)
-    start, first_step = dict(getattr(learner, "last_eval", {})), learner.version  # a continued run starts past 0
+    first_step = learner.version  # a continued run starts past 0
     scheduler = Scheduler(cfg, transport, metrics)
     background = Background([scheduler, Producer(cfg, transport, metrics)])
     console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress, max_seconds=max_seconds)
     console.t0 = budget.t0  # the wall time counts from the start, model loading included
     stop = stop or threading.Event()
     try:
-        stopped_by_budget = train(learner, scheduler, background, budget, console, stop)
-        background.stop()
-        wind_down(cfg, learner, scheduler, console, stopped=stop.is_set(), by_budget=stopped_by_budget)
+        train(learner, scheduler, background, budget, console, stop)
+        wind_down(cfg, learner, scheduler, background, console, stop.is_set())
     finally:
         console.close()
         background.stop()
@@ -155,19 +156,31 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     if background.failures:
         raise background.failures[0]
     draw(cfg, scheduler)
-    summary = summarize(learner, start, first_step, budget.elapsed())
+    summary = summarize(learner, scheduler, first_step, budget.elapsed())
     log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
     return summary
 
 
-def wind_down(cfg, learner, scheduler, console: Console, stopped: bool, by_budget: bool) -> None:
-    """With the generators stopped: checkpoint a stopped run's last step (the same command
-    continues from it); evaluate once more a run its budget ended (the machine is its own)."""
+def wind_down(cfg, learner, scheduler, background: "Background", console: Console, stopped: bool) -> None:
+    """A stopped run: stop the generators and checkpoint its last step (the same command
+    continues from it). Else the fleet evaluates the version the run ended at first."""
+    if not stopped:
+        evaluate_last(cfg, learner, scheduler, background, console)
+    background.stop()
     if stopped and learner.saved_version != learner.version:
         learner.save()
-    if by_budget and cfg.learner.eval_every and learner.heldout and learner.evaluated_at != learner.version:
-        learner.evaluate()
-        console.update(learner, scheduler)
+
+
+def evaluate_last(cfg, learner, scheduler, background: "Background", console: Console) -> None:
+    """Have the fleet evaluate the version the run ended at (its budget's, or the last step's)
+    and wait for the answers, at most as long as the scheduler waits for them."""
+    if not (cfg.learner.eval_every and scheduler.heldout):
+        return
+    scheduler.ask_evaluation(learner.version)
+    patience = time.monotonic() + cfg.scheduler.dispatch_timeout_s * MAX_ATTEMPTS
+    while not scheduler.evaluator.settled(learner.version, started=True) and background.alive() and time.monotonic() < patience:
+        background.stopped.wait(0.05)  # the scheduler's thread finishes the evaluation
+    console.update(learner, scheduler)
 
 
 def draw(cfg, scheduler) -> None:
@@ -177,27 +190,26 @@ def draw(cfg, scheduler) -> None:
                        f"scheduler at the end ({cfg.scheduler.strategy})")
 
 
-def summarize(learner, start: dict, first_step: int, seconds: float) -> dict:
+def summarize(learner, scheduler, first_step: int, seconds: float) -> dict:
     """What the run did: steps (from ``first_step``, past 0 for a run continued from its
-    checkpoint, which is not evaluated again at its start), rollouts, held-out accuracy."""
-    end = dict(getattr(learner, "last_eval", {}))
-    return {"steps": learner.version, "first_step": first_step, "evaluated_at": learner.evaluated_at, "seconds": round(seconds, 1),
+    checkpoint), rollouts, held-out accuracy at the first and the newest version evaluated."""
+    done = {e.version: e.figures for e in scheduler.evaluator.done()}
+    start, evaluated_at = done.get(first_step, {}), max(done, default=-1)
+    end = done.get(evaluated_at, {})
+    return {"steps": learner.version, "first_step": first_step, "evaluated_at": evaluated_at, "seconds": round(seconds, 1),
             "rollouts_generated": learner.rollouts_generated,
             "accuracy_start": start.get("accuracy"), "accuracy_end": end.get("accuracy"), "start": start, "end": end}
 
 
-def train(learner, scheduler, background: "Background", budget: "Budget", console: Console, stop: threading.Event) -> bool:
+def train(learner, scheduler, background: "Background", budget: "Budget", console: Console, stop: threading.Event) -> None:
     """Step the learner until it is done, a background service stops, ``stop`` is set, or the
-    budget is spent (returns True for the budget)."""
+    budget is spent."""
     while not background.stopped.is_set() and not stop.is_set():
         done = learner.step()
         budget.observe(learner.version)
         console.update(learner, scheduler)
-        if budget.spent(learner):
-            return True
-        if done:
-            return False
-    return False
+        if done or budget.spent(learner, scheduler):
+            return
 
 
 class Budget:
@@ -219,12 +231,13 @@ class Budget:
                 self.step_seconds = now - self.version_at
             self.version, self.version_at = version, now
 
-    def spent(self, learner) -> bool:
+    def spent(self, learner, scheduler) -> bool:
         if self.max_rollouts is not None and learner.rollouts_generated >= self.max_rollouts:
             return True
         if self.max_seconds is None:
             return False
-        final_eval = getattr(learner, "last_eval", {}).get("eval_seconds", 0.0)
+        done = scheduler.evaluator.done()
+        final_eval = done[-1].figures["eval_seconds"] if done else 0.0
         return self.elapsed() + self.step_seconds + final_eval >= self.max_seconds
 
 
@@ -238,6 +251,9 @@ class Background:
                         for s in services]
         for t in self.threads:
             t.start()
+
+    def alive(self) -> bool:
+        return any(t.is_alive() for t in self.threads) and not self.stopped.is_set()
 
     def stop(self) -> None:
         self.stopped.set()

@@ -22,6 +22,7 @@ import pytest
 
 from prl import storage
 from prl.formulas import rollout_age
+from prl.learner import checkpoint
 from prl.transport.kafka import KafkaTransport
 from prl.trust import policy_root
 from prl.scheduler.snapshot import read_snapshot
@@ -107,6 +108,11 @@ class Cluster:
         latest = storage.read_latest(policy_root(self.run_dir))
         return latest["version"] if latest else 0
 
+    def checkpointed(self) -> int:
+        """The step of the learner's newest checkpoint (0 before the first)."""
+        latest = checkpoint.read_latest(self.run_dir)
+        return latest["step"] if latest else 0
+
     def wait_for_step(self, step: int, timeout_s: float = 300) -> None:
         def reached():
             for name, p in self.procs.items():
@@ -190,12 +196,15 @@ def check_invariants(cluster: Cluster) -> dict:
 
 
 def assert_each_version_named_once(records: list, groups: list) -> dict:
-    """One announcement per version number, numbers rising, across every learner start: a
-    restarted learner that trains again what its checkpoint lacked never announces those
-    numbers again; every rollout names an announced version (or the base, 0)."""
-    numbers = [r.version for r in records]
-    assert numbers == sorted(set(numbers)), f"a version announced twice or out of order: {numbers}"
-    checksums = {r.version: r.weights_checksum for r in records}
+    """One set of weights per version number across every learner start: a restarted learner
+    that trains again what its checkpoint lacked never announces those numbers again (it says
+    where it resumed with that version's own weights); new numbers rise; every rollout names an
+    announced version (or the base, 0)."""
+    checksums: dict[int, str] = {}
+    for r in records:
+        assert checksums.setdefault(r.version, r.weights_checksum) == r.weights_checksum, f"version {r.version} renamed"
+    firsts = list(dict.fromkeys(r.version for r in records))
+    assert firsts == sorted(firsts), f"a new version number below an announced one: {firsts}"
     assert {g.policy_version for g in groups} <= set(checksums) | {0}
     return checksums
 
@@ -390,6 +399,7 @@ def test_claim_check_batches_survive_kill_9_of_the_learner(s3, tmp_path, run_nam
         cluster.start_all()
         for step in (3, 7):
             cluster.wait_for_step(step)
+            wait_until(lambda: cluster.checkpointed() >= CHECKPOINT_EVERY, 60, "a checkpoint to resume from", 0.05)
             cluster.kill("learner")
             cluster.start("learner")
         cluster.finish()

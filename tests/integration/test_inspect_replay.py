@@ -178,6 +178,6 @@ def test_prl_run_on_s3_draws_its_curve_from_every_part_and_continues(s3_env, tmp
     fs = fsspec.filesystem("s3")
     assert len(fs.glob(f"prl-archive/{tmp_path.name}/run/metrics.*.jsonl")) == 2
     assert fs.exists(f"prl-archive/{tmp_path.name}/run/learning_curve.png")
-    steps = [r["step"] for r in read_run_metrics(run) if "learner/eval/accuracy" in r]
+    steps = [r["step"] for r in read_run_metrics(run) if "eval/accuracy" in r]
     assert steps == [0, 1, 2, 3, 4]
     assert json.loads(fs.cat_file(f"prl-archive/{tmp_path.name}/run/summary.json"))["steps"] == 4

@@ -500,8 +500,7 @@ def test_every_version_reaches_the_producer_and_checkpoints_come_every_n_steps(t
     assert summary["steps"] == 10
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert not [k for r in rows for k in r if "dead_lettered" in k]
-    kinds = [k for r in rows if "learner/loss" in r for k in r if k.startswith("learner/version_kind/")]
-    kinds = [k.rsplit("/", 1)[1] for k in kinds]
+    kinds = [k.rsplit("/", 1)[1] for r in rows if "learner/version_bytes" in r for k in r if "/version_kind/" in k]
     assert len(kinds) == 10 and kinds[0] == kinds[9] == "full" and kinds.count("delta") >= 5  # a base every 10 versions
     names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
     assert names == [checkpoint_name(4), checkpoint_name(8), checkpoint_name(10)]
@@ -528,15 +527,18 @@ def test_a_learner_restarted_past_its_checkpoint_never_announces_a_number_again(
     write_batches(str(tmp_path / "b.arrow"), batches[4:])
     first = Learner(cfg, transport, batches_from=str(tmp_path / "a.arrow"))
     while first.version < 6:
-        first.step()  # then "killed": no close, no checkpoint of 5 or 6
+        first.step()
+    first.announce_written(wait=True)  # then "killed" after announcing 6: no close, no checkpoint of 5 or 6
     second = Learner(cfg, transport, batches_from=str(tmp_path / "b.arrow"))
     assert second.version == 4 and second.published == 6
     while second.version < 8:
         second.step()
+    second.announce_written(wait=True)
     sub = transport.subscriber([topic_name(cfg.run.name, POLICY)], group=None, from_beginning=True)
     records = [decode(m.value, PolicyVersion) for m in sub.poll(0.0)]
-    assert [r.version for r in records] == [0, 1, 2, 3, 4, 5, 6, 7, 8]
-    assert [r.kind for r in records if r.version in (1, 7, 8)] == ["full", "full", "delta"]
+    assert [r.version for r in records] == [0, 1, 2, 3, 4, 5, 6, 4, 7, 8]  # 4: where it resumed, its own weights
+    assert {(r.version, r.weights_checksum) for r in records if r.version == 4} == {(4, records[4].weights_checksum)}
+    assert [r.kind for r in records[-2:]] == ["full", "delta"]
     assert second.counters["versions_not_announced_again"] == 2
     reader = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
     for r in records[1:]:

@@ -102,6 +102,12 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
     trained, served = learner.model.state_dict(), producer.backend.model.state_dict()
     assert all(torch.equal(trained[k].to(torch.bfloat16).float(), served[k]) for k in served)
     assert producer.counters["groups_published"] >= 2 and producer.counters.get("problem_errors", 0) == 0
+    assert_a_torn_version_is_refused(cfg, producer)
+    for service in (learner, scheduler, producer):
+        service.close()
+
+
+def assert_a_torn_version_is_refused(cfg, producer) -> None:
     from prl import storage
     from prl.policy import PolicyReader
 
@@ -112,5 +118,3 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
         f.write(b"\x00" * 64)
     with pytest.raises(storage.StorageError, match="checksum does not match"):
         PolicyReader(producer.versions.expected).read(version, 1, "full", announced)
-    for service in (learner, scheduler, producer):
-        service.close()

@@ -11,7 +11,7 @@ import pytest
 
 from prl.learner import checkpoint
 from prl.transport.kafka import KafkaTransport
-from prl.schemas import RolloutGroup, decode
+from prl.schemas import EvalResult, RolloutGroup, decode
 from prl.schemas.config import KafkaConfig
 from prl.schemas.topics import ROLLOUTS, topic_name
 from tests.support.servers import Process, wait_until, write_kafka_config
@@ -69,7 +69,8 @@ def assert_checkpoints(run_dir, last_step: int) -> None:
 
 
 def assert_rollouts_carry_policy_versions(kafka_broker, run_name) -> None:
-    """Every rollout on the topic carries the policy version (field and header), some > 0."""
+    """Every rollout on the topic carries the policy version (field and header), some > 0
+    (the topic also carries the fleet's evaluation results, which are not rollouts)."""
     transport = KafkaTransport(KafkaConfig(bootstrap_servers=kafka_broker.bootstrap))
     sub = transport.subscriber([topic_name(run_name, ROLLOUTS)], group=None)
     msgs, deadline = [], time.monotonic() + 20
@@ -79,9 +80,11 @@ def assert_rollouts_carry_policy_versions(kafka_broker, run_name) -> None:
             break
         msgs += batch
     sub.close()
-    groups = [decode(m.value, RolloutGroup) for m in msgs]
-    assert groups
-    for m, g in zip(msgs, groups):
+    records = [(m, decode(m.value)) for m in msgs]
+    pairs = [(m, g) for m, g in records if isinstance(g, RolloutGroup)]
+    assert pairs and any(isinstance(g, EvalResult) for _, g in records)
+    groups = [g for _, g in pairs]
+    for m, g in pairs:
         assert int(m.header("policy_version")) == g.policy_version >= 0
         assert all(len(r.logprobs) == len(r.completion_ids) > 0 for r in g.rollouts)
     assert max(g.policy_version for g in groups) > 0

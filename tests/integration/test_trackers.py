@@ -18,7 +18,7 @@ def test_prl_run_writes_tensorboard_and_offline_wandb_files(tmp_path, monkeypatc
     assert main(["run", "--run-dir", str(run_dir), "--max-steps", "3", "--no-progress", "--set", "learner.eval_every=3",
                  "--set", 'run.trackers=["tensorboard", "wandb"]']) == 0  # a table at batch 0
     events = EventAccumulator(str(run_dir / "tensorboard" / "run"), size_guidance={"scalars": 0, "tensors": 0}).Reload()
-    assert {"learner/loss", "learner/eval/accuracy", "scheduler/signal_share"} <= set(events.Tags()["scalars"])
+    assert {"learner/loss", "eval/accuracy", "scheduler/signal_share"} <= set(events.Tags()["scalars"])
     assert len(events.Scalars("learner/loss")) == 3
     assert "scheduler/rollouts/text_summary" in events.Tags()["tensors"]  # the rollout sample table
     (offline,) = (run_dir / "wandb").glob("offline-run-*")

@@ -12,8 +12,8 @@ from prl import plots
 def test_learning_curve_lines(monkeypatch, tmp_path, difficulties, labels):
     drawn = []
     monkeypatch.setattr(plots, "save_png", lambda fig, uri, dpi: drawn.append(fig))
-    rows = [{"rollouts_generated": n, "learner/eval/accuracy": 0.5,
-             **{f"learner/eval/accuracy_d{d}": 0.5 for d in difficulties}} for n in (0, 100)]
+    rows = [{"rollouts_generated": n, "eval/accuracy": 0.5,
+             **{f"eval/accuracy_d{d}": 0.5 for d in difficulties}} for n in (0, 100)]
     assert plots.learning_curve(rows, str(tmp_path / "c.png"))
     assert [line.get_label() for line in drawn[0].axes[0].get_lines()] == labels
 
