@@ -114,32 +114,6 @@ def age_histogram(ages, out_uri: str) -> None:
     save_png(fig, out_uri, 110)
 
 
-def trained_share_by_length(rows: list[dict], out_uri: str, min_count: int = 40) -> None:
-    """Per completion length, the share of generated rollouts (of groups with a signal, which
-    alone can be trained) that were trained, over the run's share: 1 where length makes no
-    difference. One line per (tau_max, publish) row of `prl bench staleness`; bins with fewer
-    than ``min_count`` generated rollouts are left out."""
-    import numpy as np
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for i, r in enumerate(rows):
-        edges = np.asarray(r["length_bin_edges"])
-        made, trained = np.asarray(r["signal_generated_by_length"], float), np.asarray(r["trained_by_length"], float)
-        ok = made >= min_count
-        if not ok.any() or not trained.sum():
-            continue
-        share = (trained[ok] / made[ok]) / (trained.sum() / made.sum())
-        ax.plot(((edges[:-1] + edges[1:]) / 2)[ok], share, "-o" if r["publish"] == "call" else "--s", ms=3,
-                color=f"C{i // 2}", label=f"tau_max {r['tau_max']}, published per {r['publish']}")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xlabel("completion tokens")
-    ax.set_ylabel("trained share / the run's trained share")
-    ax.legend(fontsize=7)
-    ax.set_title("does the age rule favour short answers?")
-    save_png(fig, out_uri, 110)
-
-
 def zero_signal_bars(results: dict, out_uri: str) -> None:
     """Per strategy, the share of generation spent on groups without a signal."""
     plt = pyplot()

@@ -52,19 +52,6 @@ def final_answers(completion: str) -> list[str]:
     return out
 
 
-def answer_text(answer: str) -> str:
-    """The reference answer as a completion would write it: the ``answer`` field of a
-    ground truth that ``prl data reasoning-gym`` wrote (a JSON object), else ``answer`` itself."""
-    if answer.lstrip().startswith("{"):
-        try:
-            spec = json.loads(answer)
-        except json.JSONDecodeError:
-            return answer
-        if isinstance(spec, dict) and "answer" in spec:
-            return str(spec["answer"])
-    return answer
-
-
 @functools.lru_cache(maxsize=64)
 def _reasoning_gym_checker(task: str, settings: str):
     """The generator, made with the settings the problem was made with (some checkers
