@@ -71,6 +71,7 @@ class Producer(Service):
         self.serving: tuple[str, dict | None] = ("base", None)  # what is loaded: its kind and tensors
         self.announced: dict[int, PolicyVersion] = {}  # recent announcements of the run's own versions
         self.base: dict | None = None  # the base model's weights, once an evaluation needs them back
+        self.rebuilt: tuple[int, tuple[str, dict]] | None = None  # the last version rebuilt for an evaluation
         self.last_request_at = time.monotonic()
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
         self.maybe_reload(wait_s=CATCH_UP_S)  # the newest policy before the first generation
@@ -129,11 +130,14 @@ class Producer(Service):
         announced version rebuilt from storage and checked against its announcement."""
         if version == 0:
             return "base", None
+        if self.rebuilt is not None and self.rebuilt[0] == version:  # the set's next request: read once
+            return self.rebuilt[1]
         record = self.announced.get(version)
         if record is None:
             raise LookupError(f"no announcement of version {version} seen")
-        return record.kind, PolicyReader(self.versions.expected).read(record.uri, version, record.kind,
-                                                                      record.weights_checksum)
+        tensors = PolicyReader(self.versions.expected).read(record.uri, version, record.kind, record.weights_checksum)
+        self.rebuilt = (version, (record.kind, tensors))
+        return self.rebuilt[1]
 
     def load(self, kind: str, tensors: dict | None, version: int) -> None:
         """Serve ``tensors`` of ``kind`` as ``version`` (``base``: the model as it was loaded)."""

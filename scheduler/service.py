@@ -421,6 +421,8 @@ class Scheduler(Service):
         expect_sized({"trained": (state["trained"], n)})
         expect_inside({"in_flight": ([entry[0] for entry in state["in_flight"].values()], 0, n),
                        "evaluator.pending": ([i for p in state["evaluator"]["pending"].values() for i in p[1]], 0,
+                                             max(1, len(self.heldout))),
+                       "evaluator.rewards": ([int(i) for e in state["evaluator"]["evaluations"].values() for i in e[2]], 0,
                                              max(1, len(self.heldout)))})
 
     def load_state_dict(self, state: dict, fresh: list[RolloutGroup], replay: list, pending: TrainBatch | None = None) -> None:
