@@ -176,6 +176,7 @@ def evaluate_last(cfg, learner, scheduler, background: "Background", console: Co
     and wait for the answers, at most as long as the scheduler waits for them."""
     if not (cfg.learner.eval_every and scheduler.heldout):
         return
+    learner.announce_written(wait=True)  # versions are written in the background
     scheduler.ask_evaluation(learner.version)
     patience = time.monotonic() + cfg.scheduler.dispatch_timeout_s * MAX_ATTEMPTS
     while not scheduler.evaluator.settled(learner.version, started=True) and background.alive() and time.monotonic() < patience:

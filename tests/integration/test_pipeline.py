@@ -1,6 +1,7 @@
 """The in-process pipeline: services on the in-memory transport."""
 
 import json
+import time
 import shutil
 from pathlib import Path
 
@@ -504,6 +505,26 @@ def test_every_version_reaches_the_producer_and_checkpoints_come_every_n_steps(t
     assert len(kinds) == 10 and kinds[0] == kinds[9] == "full" and kinds.count("delta") >= 5  # a base every 10 versions
     names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
     assert names == [checkpoint_name(4), checkpoint_name(8), checkpoint_name(10)]
+
+
+def test_the_version_a_run_ends_at_is_evaluated_by_the_fleet(tmp_path, monkeypatch):
+    """The last version is still being written in the background when the run asks for its
+    evaluation (a real model's write takes seconds; here every write is made slow): it is
+    announced first, so a producer can load it, and its evaluation completes (three quick
+    refusals used to report it incomplete)."""
+    from prl.cli.run import run_pipeline
+    from prl.policy import PolicyWriter
+
+    write = PolicyWriter.write
+    monkeypatch.setattr(PolicyWriter, "write", lambda self, *a: time.sleep(0.5) or write(self, *a))
+
+    cfg = load_config(overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}", "scheduler.groups_per_batch=4",
+                                 "scheduler.max_in_flight=8", "learner.eval_every=100",
+                                 *small_addition(tmp_path / "data", heldout=10)])
+    summary = run_pipeline(cfg, progress=False, max_rollouts=64)  # a budget, not a version due for evaluation
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert 0 < summary["steps"] < 100 and summary["evaluated_at"] == summary["steps"]
+    assert not [r for r in rows if "eval/incomplete" in r]
 
 
 def test_a_learner_restarted_past_its_checkpoint_never_announces_a_number_again(tmp_path):
