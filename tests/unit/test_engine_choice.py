@@ -1,0 +1,41 @@
+"""producer.backend = "auto" on a CPU: vLLM for a model of real size, transformers for a tiny
+one (where vLLM's per-step scheduling costs more than the decoding step); named engines as asked."""
+
+import importlib.util
+
+import pytest
+
+from prl import generation
+from prl.generation import engine_for
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    monkeypatch.setattr(generation, "_has_gpu", lambda: False)
+
+
+def model_of(tmp_path, size: int) -> str:
+    (tmp_path / "config.json").write_text("{}")
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.truncate(size)  # a sparse file: its size is all the choice reads
+    return str(tmp_path)
+
+
+def test_auto_on_a_cpu_picks_by_the_weights_size(tmp_path, cpu):
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.mkdir(), large.mkdir()
+    assert engine_for("auto", model_of(small, 10_000_000)) == "transformers"
+    assert engine_for("auto", model_of(large, 538_000_000)) == ("vllm" if HAS_VLLM else "transformers")
+    assert engine_for("auto", "builtin:tiny-adder") == "transformers"
+
+
+def test_a_named_engine_is_the_one_used(tmp_path, cpu):
+    model = model_of(tmp_path, 538_000_000)
+    assert engine_for("transformers", model) == "transformers"
+    if HAS_VLLM:
+        assert engine_for("vllm", model) == "vllm"
+    else:
+        with pytest.raises(RuntimeError, match="vllm is not installed"):
+            engine_for("vllm", model)
