@@ -21,7 +21,8 @@ The learner only learns: held-out evaluation is the generation fleet's (schedule
 A restarted learner resumes from its last checkpoint and trains again the batches after it.
 The versions it makes again are not announced: a version number names one set of weights for
 good, so numbering resumes past the newest version in storage (``policy.newest_version``), and
-until the learner passes it, its weights go nowhere.
+until the learner passes it, its weights go nowhere. That newest version is announced at the start,
+as it was written: the learner before may have been killed between writing and announcing it.
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class Learner(Service):
         if not self.is_main:
             return {}
         t0 = time.perf_counter()
-        self.outgoing.append((self.version, self.last_seq, self.writer.publish_async(self.version, tensors, adapter=self.lora)))
+        self.outgoing.append((self.version, self.last_seq, self.writer.publish_async(self.version, tensors, self.lora, self.last_seq)))
         self.published = self.version
         self.announce_written()
         return {"publish_seconds": time.perf_counter() - t0}  # the learner's own time; the writing is the writer's
@@ -170,16 +171,31 @@ class Learner(Service):
     def announce_start(self) -> None:
         """Say where the learner starts: the base model (a fresh run), or the version of the
         checkpoint it resumed from, as it was written then (the same number, the same weights),
-        so a scheduler that restarted with it knows which batches it has trained."""
+        so a scheduler that restarted with it knows which batches it has trained. Then the
+        newest whole version in storage past it, which the learner before this one may have
+        written and not announced: a scheduler that waits for it to send more batches would
+        otherwise wait for good, since this learner never announces that number."""
         if self.version == 0:
             self.announce(PolicyVersion(0, "", -1, time.time()))
-            return
-        uri = f"{policy_root(self.cfg.run.run_dir)}/{version_name(self.version)}"
+        else:
+            self.announce_stored(self.version, self.last_seq)
+        for version in range(self.published, self.version, -1):
+            if self.announce_stored(version):
+                break
+
+    def announce_stored(self, version: int, last_seq: int | None = None) -> bool:
+        """Announce ``version`` as storage holds it, trained on the batches up to ``last_seq``
+        (None: as its version.json says); False if it is pruned or was cut off mid-write."""
+        uri = f"{policy_root(self.cfg.run.run_dir)}/{version_name(version)}"
         try:
-            meta = read_meta(uri, self.version)
+            meta = read_meta(uri, version)
         except VersionRejected:
-            return  # pruned (the checkpoint is older than the kept chains): later versions will say it
-        self.announce(PolicyVersion(self.version, uri, self.last_seq, time.time(), meta["kind"], meta["checksum"]))
+            return False  # pruned (older than the kept chains) or half-written: later versions will say it
+        last_seq = meta.get("last_batch_seq") if last_seq is None else last_seq
+        if not isinstance(last_seq, int) or last_seq < self.last_seq:
+            return False
+        self.announce(PolicyVersion(version, uri, last_seq, time.time(), meta["kind"], meta["checksum"]))
+        return True
 
     def announce(self, record: PolicyVersion) -> None:
         self.send(POLICY, record, key=self.cfg.run.name.encode())

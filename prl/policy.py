@@ -3,7 +3,8 @@
 A policy version is the weights alone, in the dtype producers serve (``model.dtype``, bf16 by
 default), written once per learner step under ``<run_dir>/policy/``::
 
-    v-00000013/version.json     {"version", "kind", "base", "checksum", "dtype", "tensors": [[name, shape], ...]}
+    v-00000013/version.json     {"version", "kind", "base", "checksum", "dtype", "last_batch_seq",
+                                 "tensors": [[name, shape], ...]}
     v-00000013/weights.safetensors   kind "full": every tensor
     v-00000013/delta.zst             kind "delta": the change from version 12 (below)
     v-00000013/adapter.safetensors   kind "adapter": the LoRA tensors alone (learner.lora_rank)
@@ -122,20 +123,22 @@ class PolicyWriter:
         self.chain_bytes = 0  # deltas written since the last base
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="prl-policy")  # one: versions written in order
 
-    def publish(self, version: int, tensors: dict, adapter: bool = False) -> Published:
-        """Write ``tensors`` (the model's weights, or a LoRA adapter's) as policy ``version``."""
-        return self.publish_async(version, tensors, adapter).result()
+    def publish(self, version: int, tensors: dict, adapter: bool = False, last_batch_seq: int = -1) -> Published:
+        """Write ``tensors`` (the model's weights, or a LoRA adapter's) as policy ``version``,
+        trained on the batches up to ``last_batch_seq``."""
+        return self.publish_async(version, tensors, adapter, last_batch_seq).result()
 
-    def publish_async(self, version: int, tensors: dict, adapter: bool = False) -> Future:
+    def publish_async(self, version: int, tensors: dict, adapter: bool = False, last_batch_seq: int = -1) -> Future:
         """Take ``tensors``' bits now (the caller may change the tensors after); encode and write
         them as ``version`` on the writer's thread. The future's result is the Published."""
         spec = [[n, list(tensors[n].shape)] for n in tensors]
         bits = flat_bits(tensors, list(tensors), self.dtype)
-        return self.worker.submit(self.write, version, bits, spec, adapter)
+        return self.worker.submit(self.write, version, bits, spec, adapter, last_batch_seq)
 
-    def write(self, version: int, bits: np.ndarray, spec: list, adapter: bool) -> Published:
+    def write(self, version: int, bits: np.ndarray, spec: list, adapter: bool, last_batch_seq: int) -> Published:
         t0 = time.perf_counter()
-        meta = {"version": version, "dtype": self.dtype, "tensors": spec, "checksum": weights_checksum(bits)}
+        meta = {"version": version, "dtype": self.dtype, "tensors": spec, "checksum": weights_checksum(bits),
+                "last_batch_seq": last_batch_seq}
         if adapter:
             kind, files = "adapter", {"adapter.safetensors": storage.safetensors_chunks(unflatten(bits, spec, self.dtype))}
         else:

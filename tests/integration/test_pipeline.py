@@ -557,13 +557,52 @@ def test_a_learner_restarted_past_its_checkpoint_never_announces_a_number_again(
     second.announce_written(wait=True)
     sub = transport.subscriber([topic_name(cfg.run.name, POLICY)], group=None, from_beginning=True)
     records = [decode(m.value, PolicyVersion) for m in sub.poll(0.0)]
-    assert [r.version for r in records] == [0, 1, 2, 3, 4, 5, 6, 4, 7, 8]  # 4: where it resumed, its own weights
-    assert {(r.version, r.weights_checksum) for r in records if r.version == 4} == {(4, records[4].weights_checksum)}
+    # 4: where it resumed, its own weights; 6: the newest in storage, as the first learner wrote it
+    assert [r.version for r in records] == [0, 1, 2, 3, 4, 5, 6, 4, 6, 7, 8]
+    for n in (4, 6):
+        assert {(r.weights_checksum, r.last_batch_seq) for r in records if r.version == n} == \
+            {(records[n].weights_checksum, records[n].last_batch_seq)}
     assert [r.kind for r in records[-2:]] == ["full", "delta"]
     assert second.counters["versions_not_announced_again"] == 2
     reader = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
     for r in records[1:]:
         reader.read(r.uri, r.version, r.kind, r.weights_checksum)  # each rebuilds to its announcement
+
+
+def test_a_version_written_and_not_announced_before_a_kill_is_announced_by_the_next_learner(tmp_path):
+    """Killed between writing version 6 and announcing it (the writer runs beside the learner),
+    a learner leaves a scheduler waiting for 6 to send more batches; the next learner, which
+    never announces 6 itself, announces it at its start as storage holds it, with the batches
+    it was trained on, and the scheduler takes it."""
+    from prl.learner.service import Learner
+    from prl.learner.sources import write_batches
+    from prl.scheduler.service import Scheduler
+    from prl.schemas import PolicyVersion, TrainBatch
+    from prl.schemas.topics import POLICY
+    from tests.unit.test_grpo import random_rollouts
+
+    cfg = small_config(tmp_path, **{"learner.checkpoint_every": 4, "scheduler.replay.ratio": 0})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    batches = [TrainBatch(f"b{i}", i, i, 0, random_rollouts(8, seed=i)) for i in range(7)]
+    write_batches(str(tmp_path / "a.arrow"), batches)
+    first = Learner(cfg, transport, batches_from=str(tmp_path / "a.arrow"))
+    while first.version < 5:
+        first.step()
+    first.announce_written(wait=True)
+    first.announce = lambda record: None  # "killed" before it announces 6
+    first.step()
+    first.outgoing[-1][2].result()  # 6 is whole in storage
+    second = Learner(cfg, transport, batches_from=str(tmp_path / "a.arrow"))
+    sub = transport.subscriber([topic_name(cfg.run.name, POLICY)], group=None, from_beginning=True)
+    records = [decode(m.value, PolicyVersion) for m in sub.poll(0.0)]
+    assert [(r.version, r.last_batch_seq) for r in records] == [(0, -1), (1, 0), (2, 1), (3, 2), (4, 3), (5, 4), (4, 3), (6, 5)]
+    assert second.version == 4 and second.published == 6
+    scheduler = Scheduler(cfg, transport)
+    scheduler.next_seq = 7  # it had published the seven batches
+    scheduler.read_policy()
+    assert (scheduler.learner_version, scheduler.learner_last_seq) == (6, 5)
+    assert not scheduler.counters.get("dead_lettered/implausible_policy")
 
 
 def test_prl_run_stopped_by_ctrl_c_checkpoints_its_step_and_continues(tmp_path, capsys):
