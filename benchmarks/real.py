@@ -76,6 +76,7 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
         "generate_s": sched[-1]["scheduler/generate_seconds"] if sched else 0.0,
         "signal_share": sched[-1]["scheduler/signal_share"] if sched else 0.0,
         "trained_rollouts": sum(r["learner/rollouts"] for r in steps),
+        "step_minutes": [(r["time"] - t0) / 60 for r in steps],
     }
 
 
