@@ -85,7 +85,7 @@ def curve_of(evals: list[dict], t0: float) -> list[tuple]:
     return [((r["time"] - t0) / 60, r.get("rollouts_generated", 0), r["eval/accuracy"]) for r in evals]
 
 
-def curves_png(runs: list[dict], out: str, minutes: float) -> None:
+def curves_png(runs: list[dict], out: str, minutes: float | None = None) -> None:
     from prl.plots import pyplot, save_png
 
     plt = pyplot()
@@ -93,14 +93,32 @@ def curves_png(runs: list[dict], out: str, minutes: float) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, r in enumerate(runs):
         ax.plot([m for m, _, _ in r["curve"]], [a for _, _, a in r["curve"]], "-o", ms=3, color=f"C{i}",
-                label=f"seed {r['seed']}: {r['start']:.3f} -> {r['end']:.3f}")
-    ax.axvline(minutes, color="grey", ls=":", lw=1)
+                label=f"{r.get('label', 'seed ' + str(r['seed']))}: {r['start']:.3f} -> {r['end']:.3f}")
+    if minutes:
+        ax.axvline(minutes, color="grey", ls=":", lw=1)
     ax.set_xlabel("minutes of prl run (2 CPU cores)")
     ax.set_ylabel("held-out accuracy (greedy)")
-    ax.set_title(f"SmolLM2-135M-Instruct on reasoning-gym {TASK} ({len(runs)} seeds)")
+    ax.set_title(f"SmolLM2-135M-Instruct on reasoning-gym {TASK} ({len(runs)} runs)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     save_png(fig, out, 120)
+
+
+def compare(paths: list[str], out: str) -> int:
+    """Stored runs (--json files of earlier runs) side by side: their figures, and their curves
+    in one picture."""
+    runs = [r | {"label": f"{Path(p).stem}, seed {r['seed']}"} for p in paths for r in json.loads(Path(p).read_text())["runs"]]
+    print(f"{'run':<40}{'end':>7}{'best':>7}{'at':>8}{'0.36 at':>9}{'steps':>7}{'by 15 m':>9}{'rollouts':>10}{'wall s':>8}")
+    for r in runs:
+        best_at, _, best = max(r["curve"], key=lambda c: (c[2], -c[0]))
+        first = next((m for m, _, a in r["curve"] if a >= 0.36), None)
+        at = f"{first:.1f} m" if first is not None else "never"
+        by15 = sum(m <= 15 for m in r["step_minutes"]) if "step_minutes" in r else "-"
+        print(f"{r['label']:<40}{r['end']:>7.3f}{best:>7.3f}{best_at:>6.1f} m{at:>9}{r['steps']:>7}{by15:>9}"
+              f"{r['rollouts']:>10,}{r['wall_s']:>8.0f}")
+    curves_png(runs, out)
+    print(f"curves: {out}")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -115,7 +133,11 @@ def main(argv=None) -> int:
                          "more than answering within the training budget?); 0: skip")
     ap.add_argument("--png", default="docs/bench-real-curve.png")
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--compare", nargs="+", metavar="JSON", help="run nothing: print stored runs (--json files) side by "
+                    "side and draw their curves into --png")
     args = ap.parse_args(argv)
+    if args.compare:
+        return compare(args.compare, args.png)
 
     from prl.model_import import import_gguf
     from prl.tasks.reasoning_gym import write_dataset
