@@ -14,4 +14,17 @@ class WeightReload:
         # In-place reload: also redoes the post-load processing (e.g. CPU weight packing)
         # that a plain model.load_weights would skip.
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()))
+        retie_output_embedding(self.model_runner.model)
         return len(weights)
+
+
+def retie_output_embedding(model) -> None:
+    """A model that ties its output layer to the input embedding (SmolLM2, Qwen2.5-0.5B) gets
+    the reloaded embedding in its output layer too. vLLM's reload finds no ``lm_head.weight``
+    in the file (the tie leaves it out), logs "ParallelLMHead: Failed to load weights" and puts
+    the old head back, with its CPU GEMM handle built from the old weights."""
+    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False) or head is None or embed is None:
+        return
+    head.weight = embed.weight
+    head.quant_method.process_weights_after_loading(head)  # rebuilds the CPU GEMM from the new weight

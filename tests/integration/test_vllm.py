@@ -90,6 +90,28 @@ def test_weight_reload_changes_generation(engine, model_dir, tmp_path):
     assert [g[0].token_ids for g in engine.generate(reqs, greedy=True)] == before
 
 
+def test_a_reload_reaches_the_tied_output_embedding(engine, model_dir):
+    """The model ties its output layer to the input embedding (as SmolLM2 does) and a version
+    holds the embedding once: after a reload that changes it, vLLM's log-probs still agree with
+    the transformers model holding the same weights (so its output layer took the new embedding,
+    though vLLM logs "ParallelLMHead: Failed to load weights" on the reload)."""
+    known = load_model(model_dir)
+    with torch.no_grad():
+        w = known.model.embed_tokens.weight
+        w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
+    engine.load_state(export_state(known), 11)
+    try:
+        prompts = [engine.encode(p) for p in PROMPTS]
+        out = engine.generate([Request(p, 4, Sampling(1.0, 1.0, 8, [])) for p in prompts])
+        rows = [TrainRollout("x", "p", 0, False, 0.0, 0.0, 1.0, p, c.token_ids, c.logprobs)
+                for p, g in zip(prompts, out) for c in g]
+        batch = pack(rows)
+        with torch.no_grad():
+            lp = token_logprobs(known, batch)
+        assert ((lp - batch.behaviour_logp).abs() * batch.mask).max().item() < 1e-4
+    finally:
+        engine.load_state(export_state(load_model(model_dir)), 12)
+
 def test_producer_serves_several_dispatches_in_one_engine_call(engine, model_dir, tmp_path):
     from prl.producers.service import Producer
     from prl.transport.memory import MemoryTransport
@@ -116,3 +138,37 @@ def test_producer_serves_several_dispatches_in_one_engine_call(engine, model_dir
     assert "PromptTooLong" in groups[f"d{len(PROMPTS)}"].error  # a clear per-problem error, not a crash
     with pytest.raises(PromptTooLong):
         engine.generate([Request(engine.encode(long_prompt), 1, Sampling())])
+
+
+def test_a_peft_adapter_generates_in_vllm_as_its_merged_weights(model_dir):
+    """learner.lora_rank: an adapter as peft trains and the learner publishes it (B no longer
+    zero, as after some steps) scores in the transformers backend, which merges it, as in peft's
+    own model; vLLM's LoRA support serves the same adapter with the merged model's greedy tokens."""
+    from peft import get_peft_model, get_peft_model_state_dict
+
+    from prl.models import lora_config
+
+    peft_model = get_peft_model(load_model(model_dir), lora_config(8))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft_model).items()}
+    merged = TransformersBackend.from_path(model_dir)
+    merged.load_adapter(adapter, 3)
+    ids = torch.tensor([merged.encode(PROMPTS[0])])
+    with torch.no_grad():
+        assert (peft_model(ids).logits - merged.model(ids).logits).abs().max().item() < 1e-4
+
+    lora_engine = VLLMBackend(model_dir, lora_rank=8)
+    try:
+        s = Sampling(1.0, 1.0, 6, [])
+        reqs = [Request(lora_engine.encode(p), 1, s) for p in PROMPTS]
+        before = [g[0].token_ids for g in lora_engine.generate(reqs, greedy=True)]
+        lora_engine.load_adapter(adapter, 3)
+        after = [g[0].token_ids for g in lora_engine.generate(reqs, greedy=True)]
+        assert after == [g[0].token_ids for g in merged.generate(reqs, greedy=True)]
+        assert after != before
+    finally:
+        del lora_engine.llm
