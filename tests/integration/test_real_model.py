@@ -57,21 +57,21 @@ def test_import_refuses_what_it_cannot_read(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def real_config(model_dir, tmp_path):
-    """SmolLM2 on a few chain_sum problems, sized for one quick step."""
+def real_config(model_dir, tmp_path, **settings):
+    """SmolLM2 on a few chain_sum problems, sized for one quick step; ``settings`` on top."""
     from prl.tasks.reasoning_gym import write_dataset
     from prl.schemas.config import load_config
 
     write_dataset("chain_sum", 8, 2, seed=0, out_dir=tmp_path / "data",
                   settings={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
-    return load_config(overrides=[f"{k}={json.dumps(v)}" for k, v in {
+    return load_config(overrides=[f"{k}={json.dumps(v)}" for k, v in ({
         "run.run_dir": str(tmp_path / "run"), "model.path": str(model_dir),
         "task.train_path": str(tmp_path / "data" / "train.parquet"), "producer.reward": "prl.rewards:reasoning_gym",
         "sampling.group_size": 4, "sampling.max_tokens": 8, "scheduler.strategy": "uniform",
         "scheduler.groups_per_batch": 2, "scheduler.max_in_flight": 2, "scheduler.replay.ratio": 0,
         "learner.max_steps": 1, "learner.eval_every": 0, "learner.bf16_autocast": "auto",
         "producer.backend": "transformers",  # the test reads the served weights off its model
-    }.items()])
+    } | settings).items()])
 
 
 def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
@@ -119,3 +119,41 @@ def assert_a_torn_version_is_refused(cfg, producer) -> None:
         f.write(b"\x00" * 64)
     with pytest.raises(storage.StorageError, match="checksum does not match"):
         PolicyReader(producer.versions.expected).read(version, 1, "full", announced)
+
+
+def test_a_lora_learner_publishes_the_adapter_alone_and_the_producer_serves_it(smollm2, tmp_path):
+    """learner.lora_rank = 8 through peft: one GRPO step trains the adapter on the frozen base;
+    the version is the adapter alone (under 2% of the bf16 weights' bytes), and the producer
+    serves exactly the base with the learner's adapter, rounded to bf16, merged in."""
+    import torch
+
+    from prl.learner.service import Learner
+    from prl.models import merge_adapter
+    from prl.producers.service import Producer
+    from prl.transport.memory import MemoryTransport
+    from prl.scheduler.service import Scheduler
+
+    cfg = real_config(smollm2[0], tmp_path, **{"learner.lora_rank": 8})
+    transport = MemoryTransport()
+    transport.ensure_topics(cfg.run.name)
+    learner, scheduler, producer = Learner(cfg, transport), Scheduler(cfg, transport), Producer(cfg, transport)
+    base = {k: v.clone() for k, v in producer.backend.model.state_dict().items()}
+
+    def one_step():
+        scheduler.step()
+        producer.step()
+        scheduler.step()
+        return learner.step() or learner.version >= 1
+
+    wait_until(one_step, 120, "one LoRA learner step on SmolLM2")
+    wait_until(lambda: (producer.step(), producer.backend.version == 1)[1], 60, "the producer loads the adapter")
+    version = tmp_path / "run" / "policy" / "v-00000001"
+    assert sorted(p.name for p in version.iterdir()) == ["adapter.safetensors", "manifest.json", "version.json"]
+    assert (version / "adapter.safetensors").stat().st_size < 0.02 * 2 * smollm2[1].parameters
+    adapter = {k: v.to(torch.bfloat16) for k, v in learner.policy_tensors().items()}
+    assert adapter and any(v.abs().max() > 0 for k, v in adapter.items() if ".lora_B." in k)
+    expected, served = merge_adapter(base, adapter), producer.backend.model.state_dict()
+    assert all(torch.equal(served[k], expected[k]) for k in expected)
+    assert any(not torch.equal(served[k], base[k]) for k in expected)
+    for service in (learner, scheduler, producer):
+        service.close()
