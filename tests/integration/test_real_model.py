@@ -74,19 +74,14 @@ def real_config(model_dir, tmp_path, **settings):
     } | settings).items()])
 
 
-def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
-    """Scheduler, producer and learner on the in-memory transport with the real model:
-    chat prompts rendered by SmolLM2's template, one GRPO step, a bf16 policy version the
-    producer loads (the learner's weights rounded to bf16, checksum-verified); a tampered
-    version is refused."""
-    import torch
-
+def services_to_version_1(cfg):
+    """Scheduler, producer and learner on the in-memory transport, stepped until the learner
+    has trained version 1."""
     from prl.learner.service import Learner
     from prl.producers.service import Producer
     from prl.transport.memory import MemoryTransport
     from prl.scheduler.service import Scheduler
 
-    cfg = real_config(smollm2[0], tmp_path)
     transport = MemoryTransport()
     transport.ensure_topics(cfg.run.name)
     learner, scheduler, producer = Learner(cfg, transport), Scheduler(cfg, transport), Producer(cfg, transport)
@@ -98,6 +93,18 @@ def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
         return learner.step() or learner.version >= 1
 
     wait_until(one_step, 120, "one learner step on SmolLM2")
+    return learner, scheduler, producer
+
+
+def test_one_step_on_the_real_model_reaches_the_producer(smollm2, tmp_path):
+    """Scheduler, producer and learner on the in-memory transport with the real model:
+    chat prompts rendered by SmolLM2's template, one GRPO step, a bf16 policy version the
+    producer loads (the learner's weights rounded to bf16, checksum-verified); a tampered
+    version is refused."""
+    import torch
+
+    cfg = real_config(smollm2[0], tmp_path)
+    learner, scheduler, producer = services_to_version_1(cfg)
     producer.step()  # reads the PolicyVersion, loads the checkpoint
     assert producer.backend.version == 1
     trained, served = learner.model.state_dict(), producer.backend.model.state_dict()
@@ -127,25 +134,11 @@ def test_a_lora_learner_publishes_the_adapter_alone_and_the_producer_serves_it(s
     serves exactly the base with the learner's adapter, rounded to bf16, merged in."""
     import torch
 
-    from prl.learner.service import Learner
     from prl.models import merge_adapter
-    from prl.producers.service import Producer
-    from prl.transport.memory import MemoryTransport
-    from prl.scheduler.service import Scheduler
 
     cfg = real_config(smollm2[0], tmp_path, **{"learner.lora_rank": 8})
-    transport = MemoryTransport()
-    transport.ensure_topics(cfg.run.name)
-    learner, scheduler, producer = Learner(cfg, transport), Scheduler(cfg, transport), Producer(cfg, transport)
-    base = {k: v.clone() for k, v in producer.backend.model.state_dict().items()}
-
-    def one_step():
-        scheduler.step()
-        producer.step()
-        scheduler.step()
-        return learner.step() or learner.version >= 1
-
-    wait_until(one_step, 120, "one LoRA learner step on SmolLM2")
+    learner, scheduler, producer = services_to_version_1(cfg)
+    base = {k: v.clone() for k, v in producer.backend.model.state_dict().items()}  # still version 0
     wait_until(lambda: (producer.step(), producer.backend.version == 1)[1], 60, "the producer loads the adapter")
     version = tmp_path / "run" / "policy" / "v-00000001"
     assert sorted(p.name for p in version.iterdir()) == ["adapter.safetensors", "manifest.json", "version.json"]
