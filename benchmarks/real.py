@@ -71,7 +71,7 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
         "checkpoint_s": sum(r.get("learner/checkpoint_seconds", 0.0) for r in steps),
         "publish_s": sum(r.get("learner/publish_seconds", 0.0) for r in steps),
         "version_bytes": [r["learner/version_bytes"] for r in rows if "learner/version_bytes" in r],
-        "first_at_036": next((m for m, _, a in curve_of(evals, t0) if a >= 0.36), None),
+        "first_at_036": first_at(curve_of(evals, t0), 0.36),
         "eval_s": sum(r["eval/eval_seconds"] for r in evals),
         "generate_s": sched[-1]["scheduler/generate_seconds"] if sched else 0.0,
         "signal_share": sched[-1]["scheduler/signal_share"] if sched else 0.0,
@@ -83,6 +83,11 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
 def curve_of(evals: list[dict], t0: float) -> list[tuple]:
     """(minutes since the run began, rollouts generated, held-out accuracy) per evaluation."""
     return [((r["time"] - t0) / 60, r.get("rollouts_generated", 0), r["eval/accuracy"]) for r in evals]
+
+
+def first_at(curve: list, accuracy: float) -> float | None:
+    """The minute a curve first reaches ``accuracy``, or None."""
+    return next((m for m, _, a in curve if a >= accuracy), None)
 
 
 def curves_png(runs: list[dict], out: str, minutes: float | None = None) -> None:
@@ -111,7 +116,7 @@ def compare(paths: list[str], out: str) -> int:
     print(f"{'run':<40}{'end':>7}{'best':>7}{'at':>8}{'0.36 at':>9}{'steps':>7}{'by 15 m':>9}{'rollouts':>10}{'wall s':>8}")
     for r in runs:
         best_at, _, best = max(r["curve"], key=lambda c: (c[2], -c[0]))
-        first = next((m for m, _, a in r["curve"] if a >= 0.36), None)
+        first = first_at(r["curve"], 0.36)  # files of older commits lack first_at_036
         at = f"{first:.1f} m" if first is not None else "never"
         by15 = sum(m <= 15 for m in r["step_minutes"]) if "step_minutes" in r else "-"
         print(f"{r['label']:<40}{r['end']:>7.3f}{best:>7.3f}{best_at:>6.1f} m{at:>9}{r['steps']:>7}{by15:>9}"
