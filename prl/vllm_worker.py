@@ -4,6 +4,8 @@ process boundary, never tensors (the producer verified the file's weights before
 
 from __future__ import annotations
 
+import logging
+
 
 class WeightReload:
     def prl_load_file(self, path: str) -> int:
@@ -11,6 +13,7 @@ class WeightReload:
         from safetensors.torch import load_file
 
         weights = load_file(path)
+        quiet_known_reload_gaps(self.model_runner.model)
         # In-place reload: also redoes the post-load processing (e.g. CPU weight packing)
         # that a plain model.load_weights would skip.
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()))
@@ -28,3 +31,26 @@ def retie_output_embedding(model) -> None:
         return
     head.weight = embed.weight
     head.quant_method.process_weights_after_loading(head)  # rebuilds the CPU GEMM from the new weight
+
+
+class _KnownReloadGaps(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" for the layers named: ones a version never
+    holds and that are right after the reload anyway. Any other layer still warns."""
+
+    def __init__(self, layers: set[str]):
+        super().__init__()
+        self.layers = layers
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args and record.args[0] in self.layers)
+
+
+def quiet_known_reload_gaps(model) -> None:
+    """Once per process: the rotary embedding (a cache computed from the config, put back
+    unchanged) and, for a tied model, the output layer (re-tied by ``retie_output_embedding``)
+    no longer warn on every reload."""
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if any(isinstance(f, _KnownReloadGaps) for f in logger.filters):
+        return
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    logger.addFilter(_KnownReloadGaps({"RotaryEmbedding"} | ({"ParallelLMHead"} if tied else set())))
