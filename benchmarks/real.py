@@ -94,7 +94,8 @@ def curves_png(runs: list[dict], out: str, minutes: float | None = None) -> None
     from prl.plots import pyplot, save_png
 
     plt = pyplot()
-
+    if "://" not in out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, r in enumerate(runs):
         ax.plot([m for m, _, _ in r["curve"]], [a for _, _, a in r["curve"]], "-o", ms=3, color=f"C{i}",
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--long-tokens", type=natural, default=128,
                     help="also evaluate before and after with this completion budget (no truncation: is the gain "
                          "more than answering within the training budget?); 0: skip")
-    ap.add_argument("--png", default="docs/bench-real-curve.png")
+    ap.add_argument("--png", default="runs/bench-real-curve.png", help="draw the held-out curves here")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--compare", nargs="+", metavar="JSON", help="run nothing: print stored runs (--json files) side by "
                     "side and draw their curves into --png")

@@ -53,3 +53,17 @@ def test_the_learning_benchmark_sets_each_strategy_beside_its_baselines(capsys, 
     stored = json.loads(out_json.read_text())
     assert {r["strategy"] for r in stored["runs"]} == {"uniform", "dapo_filter", "default"}
     assert all(r["rollouts"] >= 600 and r["curve"][0][0] == 0 for r in stored["runs"])
+
+
+def test_compare_prints_stored_runs_side_by_side_and_draws_into_a_new_folder(tmp_path, capsys, monkeypatch):
+    """`prl bench real --compare`: one row per stored run, read from its --json file, and the
+    curves drawn where asked, its folder made; by default under runs/, never into the repo's docs."""
+    from pathlib import Path
+
+    stored = Path(__file__).parents[2] / "benchmarks/results/real-30min-transformers.json"
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "real", "--compare", str(stored)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("real-30min-transformers"))
+    assert row.split()[3:6] == ["0.465", "0.465", "25.2"]  # end, best, at (minutes)
+    assert (tmp_path / "runs/bench-real-curve.png").read_bytes()[:4] == b"\x89PNG"
