@@ -27,10 +27,15 @@ def retie_output_embedding(model) -> None:
     in the file (the tie leaves it out), logs "ParallelLMHead: Failed to load weights" and puts
     the old head back, with its CPU GEMM handle built from the old weights."""
     head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
-    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False) or head is None or embed is None:
+    if not ties_embeddings(model) or head is None or embed is None:
         return
     head.weight = embed.weight
     head.quant_method.process_weights_after_loading(head)  # rebuilds the CPU GEMM from the new weight
+
+
+def ties_embeddings(model) -> bool:
+    """Whether the model's config ties its output layer to the input embedding."""
+    return bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
 
 
 class _KnownReloadGaps(logging.Filter):
@@ -52,5 +57,4 @@ def quiet_known_reload_gaps(model) -> None:
     logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     if any(isinstance(f, _KnownReloadGaps) for f in logger.filters):
         return
-    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
-    logger.addFilter(_KnownReloadGaps({"RotaryEmbedding"} | ({"ParallelLMHead"} if tied else set())))
+    logger.addFilter(_KnownReloadGaps({"RotaryEmbedding"} | ({"ParallelLMHead"} if ties_embeddings(model) else set())))
