@@ -44,9 +44,9 @@ def machine() -> dict:
         if info.exists() else []
     out = {"cpu": names[0] if names else platform.processor() or platform.machine(), "cores": os.cpu_count()}
     if "torch" in sys.modules:
-        from prl.models import native_bf16
+        from prl.devices import native_bf16
 
-        out.update(torch_cpu_capability=sys.modules["torch"].backends.cpu.get_cpu_capability(), native_bf16=native_bf16())
+        out.update(torch_cpu_capability=sys.modules["torch"].backends.cpu.get_cpu_capability(), native_bf16=native_bf16("cpu"))
     return out
 
 

@@ -28,20 +28,22 @@ class Dist:
         return self.rank == 0
 
 
-def setup() -> Dist | None:
-    """Join the process group when started by torchrun (WORLD_SIZE > 1), else None."""
+def setup(device) -> Dist | None:
+    """Join the process group when started by torchrun (WORLD_SIZE > 1), else None: NCCL and a
+    mesh of GPUs when this rank computes on ``cuda:LOCAL_RANK`` (prl/devices.py), gloo and a
+    mesh of CPUs otherwise."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     import torch.distributed as tdist
     from torch.distributed.device_mesh import init_device_mesh
 
-    cuda = torch.cuda.is_available()
-    if not tdist.is_initialized():
-        tdist.init_process_group("nccl" if cuda else "gloo")
+    cuda = device.type == "cuda"
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not tdist.is_initialized():
+        tdist.init_process_group("nccl" if cuda else "gloo", **({"device_id": device} if cuda else {}))
     world = tdist.get_world_size()
-    return Dist(tdist.get_rank(), world, init_device_mesh("cuda" if cuda else "cpu", (world,)))
+    return Dist(tdist.get_rank(), world, init_device_mesh(device.type, (world,)))
 
 
 def shard(model, d: Dist, activation_checkpointing: bool = False) -> None:
@@ -59,17 +61,26 @@ def shard(model, d: Dist, activation_checkpointing: bool = False) -> None:
     fully_shard(model, mesh=d.mesh)
 
 
+def comm_device(d: Dist):
+    """Where collectives' tensors must be: the rank's GPU under NCCL, the host under gloo."""
+    import torch.distributed as tdist
+
+    return torch.device("cuda", torch.cuda.current_device()) if tdist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def broadcast_bytes(data: bytes | None, d: Dist) -> bytes | None:
     """Rank 0's bytes (or None) on every rank, as tensors (nothing pickled)."""
     import torch.distributed as tdist
 
-    length = torch.tensor([-1 if data is None else len(data)], dtype=torch.int64)
+    dev = comm_device(d)
+    length = torch.tensor([-1 if data is None else len(data)], dtype=torch.int64, device=dev)
     tdist.broadcast(length, 0)
     if length.item() < 0:
         return None
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if d.is_main else torch.empty(length.item(), dtype=torch.uint8)
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev) if d.is_main else \
+        torch.empty(length.item(), dtype=torch.uint8, device=dev)
     tdist.broadcast(buf, 0)
-    return data if d.is_main else buf.numpy().tobytes()
+    return data if d.is_main else buf.cpu().numpy().tobytes()
 
 
 def all_gather_strings(value: str, d: Dist) -> list[str]:
@@ -79,9 +90,10 @@ def all_gather_strings(value: str, d: Dist) -> list[str]:
     raw = value.encode()
     t = torch.zeros(256, dtype=torch.uint8)
     t[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    out = [torch.zeros(256, dtype=torch.uint8) for _ in range(d.world)]
-    tdist.all_gather(out, t)
-    return [bytes(x.numpy().tobytes()).rstrip(b"\0").decode() for x in out]
+    dev = comm_device(d)
+    out = [torch.zeros(256, dtype=torch.uint8, device=dev) for _ in range(d.world)]
+    tdist.all_gather(out, t.to(dev))
+    return [bytes(x.cpu().numpy().tobytes()).rstrip(b"\0").decode() for x in out]
 
 
 def barrier(d: Dist | None) -> None:

@@ -36,9 +36,9 @@ from prl.learner import checkpoint, distributed
 from prl.learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
 from prl.learner.train import make_optimizer, train_step
 from prl import storage
+from prl.devices import bf16_autocast_on, choose_device, native_bf16
 from prl.formulas import rollout_age
-from prl.models import (bf16_autocast_on, export_state, load_model, load_state, load_tokenizer, lora_config, native_bf16,
-                        resolve_model_dir)
+from prl.models import export_state, load_model, load_state, load_tokenizer, lora_config, resolve_model_dir
 from prl.policy import PolicyWriter, VersionRejected, newest_version, read_meta
 from prl.trust import policy_root, version_name
 from prl.service import Service, ServiceStopped
@@ -58,11 +58,14 @@ class Learner(Service):
     def __init__(self, cfg, transport, metrics=None, batches_from: str | None = None):
         """``batches_from``: train from a file of TrainBatch records (path or fsspec URI) instead
         of the batch topic (`prl learner --batches-from`, `prl replay train`)."""
-        self.dist = distributed.setup()
+        self.device = choose_device(cfg.run.device)  # model, optimizer state, batches and loss live there
+        self.dist = distributed.setup(self.device)
         self.is_main = self.dist is None or self.dist.is_main
         super().__init__(cfg, transport, metrics if self.is_main else None)
         import torch
 
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
@@ -87,13 +90,19 @@ class Learner(Service):
             self.announce_start()
 
     def log_precision(self) -> None:
-        """Say once whether training runs under bf16 autocast; warn when it was asked for where
-        bf16 is emulated (a CPU with AVX2 alone: 16x slower than fp32, measured)."""
-        setting, native = self.cfg.learner.bf16_autocast, native_bf16()
-        self.log.info("precision", bf16_autocast=bf16_autocast_on(setting, native), native_bf16=native)
+        """Say once where and in what precision training runs (float32 master weights and AdamW
+        state, bf16 autocast or not); warn when bf16 was asked for where it is emulated (a CPU with
+        AVX2 alone: 16x slower than fp32, measured), and when a GPU that computes bf16 trains in
+        float32."""
+        setting, native = self.cfg.learner.bf16_autocast, native_bf16(self.device.type)
+        self.log.info("precision", device=str(self.device), bf16_autocast=bf16_autocast_on(setting, native),
+                      native_bf16=native, master_weights="float32")
         if setting is True and not native:
             self.log.warning("bf16_autocast_emulated", fix="this device computes bf16 only by emulation (no GPU, AVX512-BF16 "
                              "or AMX), far slower than fp32: set learner.bf16_autocast = \"auto\" or false")
+        if setting is False and native and self.device.type == "cuda":
+            self.log.warning("float32_on_gpu", fix="this GPU computes bf16 natively and training runs in float32: set "
+                             "learner.bf16_autocast = \"auto\" for bf16 compute (master weights stay float32)")
 
     def resume_and_shard(self) -> None:
         """Weights from the latest checkpoint (into the whole model), then FSDP sharding, then
@@ -103,6 +112,7 @@ class Learner(Service):
             self.wrap_lora(ckpt)
         elif ckpt is not None:
             load_state(self.model, ckpt.weights)
+        self.model.to(self.device)  # before sharding and the optimizer: both follow the parameters
         if self.dist is not None:
             distributed.shard(self.model, self.dist, self.cfg.learner.activation_checkpointing)
         elif self.cfg.learner.activation_checkpointing:
@@ -290,7 +300,7 @@ class Learner(Service):
             return
         self.remember_trained(usable)
         t0 = time.perf_counter()
-        stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist)
+        stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist, self.device)
         stats.update(lr=self.optimizer.param_groups[0]["lr"], train_seconds=time.perf_counter() - t0,
                      **self.age_metrics(usable), mean_reward=sum(r.reward for r in usable) / len(usable),
                      stale_dropped=self.counters.get("stale_dropped", 0))

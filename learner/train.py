@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from prl.devices import autocast, module_device
 from prl.learner.grpo import grpo_loss
-from prl.models import bf16_autocast_on, native_bf16
 from prl.schemas import TrainRollout
 
 WEIGHT_DECAY = 0.01
@@ -37,6 +37,14 @@ class PackedBatch:
     advantage: torch.Tensor  # [B]
     is_replay: torch.Tensor  # [B] bool
     temperature: float
+
+    def to(self, device) -> "PackedBatch":
+        """The same batch on ``device`` (packed on the host, trained where the model lives)."""
+        moved = {name: getattr(self, name).to(device, non_blocking=True) for name in TENSORS}
+        return PackedBatch(**moved, temperature=self.temperature)
+
+
+TENSORS = ("input_ids", "attention_mask", "position_ids", "targets", "mask", "behaviour_logp", "advantage", "is_replay")
 
 
 def padded_shape(rollouts: list[TrainRollout]) -> tuple[int, int]:
@@ -125,20 +133,22 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg) -> tuple
             _, stats = grpo_loss(logp.detach(), batch.behaviour_logp, batch.advantage, mask, **clip)
             n = mask.sum()
             sums += [n, stats["clip_fraction"] * n, stats["approx_kl"] * n, stats["ratio_mean"] * n]
-    return loss, torch.stack([torch.as_tensor(x, dtype=torch.float64) for x in sums])
+    return loss, torch.stack([torch.as_tensor(x, dtype=torch.float64, device=logp.device) for x in sums])
 
 
-def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0, dist=None) -> dict[str, float]:
+def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0, dist=None, device=None) -> dict[str, float]:
     """One optimizer step on a batch, over micro-batches of at most ``cfg.micro_batch_tokens``
     padded tokens with gradient accumulation, so the loss and gradients equal the whole-batch
     token-mean; under FSDP every rank takes its share of the micro-batches. Then grad-norm clip
-    and AdamW step; returns the batch's metrics (global)."""
+    and AdamW step; returns the batch's metrics (global). Micro-batches are packed on the host
+    and moved to ``device`` (default: where the model's parameters are)."""
     world, rank = (dist.world, dist.rank) if dist is not None else (1, 0)
+    device = device if device is not None else module_device(model)
     total_tokens = sum(len(r.completion_ids) for r in rollouts)
     plan = plan_micro_batches(rollouts, cfg.micro_batch_tokens, world)[rank]
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world)
+    sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world, device)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     optimizer.step()
     model.eval()
@@ -151,19 +161,17 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
     }
 
 
-def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: int, cfg, pad_id: int, world: int):
-    """Forward and backward every micro-batch of this rank's plan; return the summed
-    statistics over all ranks."""
-    sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
-    autocast = torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16,
-                              enabled=bf16_autocast_on(cfg.bf16_autocast, native_bf16()))
+def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: int, cfg, pad_id: int, world: int, device):
+    """Forward and backward every micro-batch of this rank's plan on ``device``; return the
+    summed statistics over all ranks (read back to the host once, by the caller)."""
+    sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=device)
     for mb in plan:
-        with autocast:
+        with autocast(device, cfg.bf16_autocast):
             if mb:
-                loss, mb_sums = micro_batch_sums(model, pack(mb, pad_id), total_tokens, cfg)
+                loss, mb_sums = micro_batch_sums(model, pack(mb, pad_id).to(device), total_tokens, cfg)
                 sums += mb_sums
             else:  # an empty slot: a zero-loss forward keeps this rank in step with the others
-                loss = model(input_ids=torch.tensor([[pad_id]])).logits.sum() * 0.0
+                loss = model(input_ids=torch.tensor([[pad_id]], device=device)).logits.sum() * 0.0
         (loss * world).backward()  # FSDP averages gradients over ranks; the loss is already global
     if world > 1:
         import torch.distributed as tdist

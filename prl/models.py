@@ -3,7 +3,6 @@ adapters. Weights travel as safetensors only (policy versions: prl/policy.py).""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import shutil
@@ -73,23 +72,6 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model_dir(path))
-
-
-@functools.cache
-def native_bf16() -> bool:
-    """Whether this machine computes bfloat16 natively: a CUDA GPU that supports it, else a CPU
-    with AVX512-BF16 or AMX (torch's own checks). A CPU with AVX2 alone emulates bf16. Asked
-    once per process (the learner asks on every step)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    return any(getattr(torch.cpu, check, lambda: False)() for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-
-
-def bf16_autocast_on(setting: bool | str, native: bool) -> bool:
-    """``learner.bf16_autocast`` resolved: true and false as set, "auto" only where bf16 is native."""
-    return native if setting == "auto" else bool(setting)
 
 
 def export_state(model, state: dict | None = None) -> dict:
@@ -163,7 +145,8 @@ def merge_adapter(base: dict, adapter: dict) -> dict:
         if b is None or w is None or a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] \
                 or (b.shape[0], a.shape[1]) != tuple(w.shape):
             raise ValueError(f"adapter tensor {key} does not fit the model")
-        out[name] = (w.float() + LORA_ALPHA_PER_RANK * (b.float() @ a.float())).to(w.dtype)
+        b, a = b.to(w.device).float(), a.to(w.device).float()  # the adapter comes from the host, the base may be on a GPU
+        out[name] = (w.float() + LORA_ALPHA_PER_RANK * (b @ a)).to(w.dtype)
     if len(adapter) != 2 * sum(".lora_A." in k for k in adapter):
         raise ValueError("an adapter holds lora_A and lora_B pairs only")
     return out

@@ -56,12 +56,24 @@ class VersionRejected(ValueError):
 def flat_bits(tensors: dict, names: list[str], dtype: str) -> np.ndarray:
     """The weights ``names`` (in that order) cast to ``dtype`` and laid end to end as their raw
     bits: uint16 for bf16 and fp16, uint32 for fp32."""
+    return host_bits(flat_weights(tensors, names, dtype))
+
+
+def flat_weights(tensors: dict, names: list[str], dtype: str):
+    """The weights ``names`` cast to ``dtype`` and laid end to end in one new tensor on their own
+    device: a snapshot, so the tensors may change afterwards (on a GPU it takes microseconds)."""
     import torch
 
     dt = getattr(torch, dtype)
     parts = [tensors[n].detach().to(dt).reshape(-1) for n in names]
-    flat = torch.cat(parts) if parts else torch.zeros(0, dtype=dt)
-    return flat.view(torch.int16 if flat.element_size() == 2 else torch.int32).numpy().view(
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=dt)
+
+
+def host_bits(flat) -> np.ndarray:
+    """A flat tensor's raw bits in host memory: uint16 for bf16 and fp16, uint32 for fp32."""
+    import torch
+
+    return flat.cpu().view(torch.int16 if flat.element_size() == 2 else torch.int32).numpy().view(
         np.uint16 if flat.element_size() == 2 else np.uint32)
 
 
@@ -129,14 +141,16 @@ class PolicyWriter:
         return self.publish_async(version, tensors, adapter, last_batch_seq).result()
 
     def publish_async(self, version: int, tensors: dict, adapter: bool = False, last_batch_seq: int = -1) -> Future:
-        """Take ``tensors``' bits now (the caller may change the tensors after); encode and write
-        them as ``version`` on the writer's thread. The future's result is the Published."""
+        """Take a snapshot of ``tensors`` now, on their device (the caller may change the tensors
+        after); copy it to the host, encode and write it as ``version`` on the writer's thread.
+        The future's result is the Published."""
         spec = [[n, list(tensors[n].shape)] for n in tensors]
-        bits = flat_bits(tensors, list(tensors), self.dtype)
-        return self.worker.submit(self.write, version, bits, spec, adapter, last_batch_seq)
+        flat = flat_weights(tensors, list(tensors), self.dtype)
+        return self.worker.submit(self.write, version, flat, spec, adapter, last_batch_seq)
 
-    def write(self, version: int, bits: np.ndarray, spec: list, adapter: bool, last_batch_seq: int) -> Published:
+    def write(self, version: int, flat, spec: list, adapter: bool, last_batch_seq: int) -> Published:
         t0 = time.perf_counter()
+        bits = host_bits(flat)  # a GPU snapshot comes to the host here, off the training thread
         meta = {"version": version, "dtype": self.dtype, "tensors": spec, "checksum": weights_checksum(bits),
                 "last_batch_seq": last_batch_seq}
         if adapter:

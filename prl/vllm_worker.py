@@ -1,6 +1,7 @@
 """A vLLM worker extension: take new weights inside the engine's workers, without restarting
-the engine. Named in ``LLM(worker_extension_cls=...)``; only a local file's path crosses the
-process boundary, never tensors (the producer verified the file's weights before writing it)."""
+the engine. Named in ``LLM(worker_extension_cls=...)``. An engine in the producer's process takes
+the verified tensors by reference; across a process boundary only a local file's path crosses,
+never pickled tensors (the producer verified the file's weights before writing it)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ class WeightReload:
         """Load the safetensors file at ``path`` into the running model; return the tensor count."""
         from safetensors.torch import load_file
 
-        weights = load_file(path)
+        return self.prl_load_tensors(load_file(path))
+
+    def prl_load_tensors(self, weights: dict) -> int:
+        """Load these weights (host tensors, Hugging Face names) into the running model, on the
+        worker's device; return the tensor count."""
         quiet_known_reload_gaps(self.model_runner.model)
         # In-place reload: also redoes the post-load processing (e.g. CPU weight packing)
         # that a plain model.load_weights would skip.

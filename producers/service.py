@@ -24,6 +24,7 @@ import os
 import socket
 import time
 
+from prl.devices import choose_device
 from prl.formulas import has_signal
 from prl.generation import Request, make_backend
 from prl.rewards import RewardRunner, load_reward
@@ -55,15 +56,18 @@ class Producer(Service):
     name = "producer"
     reads, writes = (PROBLEMS, POLICY), (ROLLOUTS,)
 
-    def __init__(self, cfg, transport, metrics=None, backend=None, producer_id: str | None = None):
+    def __init__(self, cfg, transport, metrics=None, backend=None, producer_id: str | None = None,
+                 beside_learner: bool = False):
         """``producer_id``: the name in rollouts and logs (`prl producer --id`; default the host
-        name and process id, a pod's name on Kubernetes)."""
+        name and process id, a pod's name on Kubernetes). ``beside_learner``: the producer shares
+        its GPU with the learner (`prl run`), so a vLLM engine takes a smaller share of it."""
         super().__init__(cfg, transport, metrics)
         if cfg.run.threads:
             import torch
 
             torch.set_num_threads(cfg.run.threads)
-        self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype, cfg.learner.lora_rank)
+        self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype, cfg.learner.lora_rank,
+                                               choose_device(cfg.run.device), cfg.producer.vllm, beside_learner)
         self.reward = RewardRunner(load_reward(cfg.producer.reward))
         self.producer_id = producer_id or default_producer_id()
         self.log = self.log.bind(producer_id=self.producer_id)

@@ -36,6 +36,7 @@ class RunConfig(Section):
     seed: int = Field(0, description="Seed of every random choice of the run.")
     log_format: Literal["console", "json"] = Field("console", description="Log lines for people (console) or machines (json).")
     threads: int = Field(0, ge=0, description="torch threads of each process (0: torch's default).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where learner and producers compute; auto: the local CUDA GPU where torch sees one (cuda:LOCAL_RANK), else the CPU.")
     trackers: list[Literal["tensorboard", "wandb"]] = Field([], description="Also send metrics to TensorBoard and/or Weights & Biases.")
 
 
@@ -103,11 +104,19 @@ class SchedulerConfig(Section):
         return value
 
 
+class VLLMConfig(Section):
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans (tensor parallelism); 1: one producer per GPU.")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Share of the GPU's memory the engine takes (none: 0.9 on a producer's own GPU, 0.3 beside the learner in prl run).")
+    max_model_len: int | None = Field(None, ge=16, description="Longest prompt + completion the engine accepts (none: the model's own context).")
+    enforce_eager: bool = Field(False, description="No CUDA graphs (saves their memory and start-up time, slower decoding); CPUs always run eager.")
+
+
 class ProducerConfig(Section):
     backend: Literal["auto", "transformers", "vllm"] = Field("auto", description="Generation engine; auto: vLLM where installed and on a GPU or for a model of >= 100 MB of weights, else transformers.")
     reward: str = Field("prl.tasks.addition:exact_match", pattern=PLUGIN.pattern, description="Reward function, module:function(completion, answer) -> float.")
     max_dispatches_per_call: int = Field(16, ge=1, description="Dispatches batched into one generation call.")
     drop_zero_signal_completions: bool = Field(False, description="Send a group whose rewards are all equal as its rewards only (fewer broker bytes).")
+    vllm: VLLMConfig = VLLMConfig()
 
 
 class LearnerConfig(Section):

@@ -141,7 +141,7 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     learner = Learner(cfg, transport, metrics)
     first_step = learner.version  # a continued run starts past 0
     scheduler = Scheduler(cfg, transport, metrics)
-    background = Background([scheduler, Producer(cfg, transport, metrics)])
+    background = Background([scheduler, Producer(cfg, transport, metrics, beside_learner=True)])
     console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress, max_seconds=max_seconds)
     console.t0 = budget.t0  # the wall time counts from the start, model loading included
     stop = stop or threading.Event()

@@ -102,3 +102,13 @@ def test_a_run_continued_or_explained_with_another_strategy_is_one_line(tmp_path
         assert len(err.splitlines()) == 1, err
         assert ("the scheduler snapshot holds a uniform sampler's state that does not fit this configuration's priority "
                 "sampler of 1,880 problems without a label") in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_a_config_that_asks_for_cuda_without_one_is_one_line_and_exit_2(tmp_path, capsys):
+    """run.device = "cuda" on a machine where torch sees no GPU: the thing and the fix, no
+    traceback, before a model is loaded."""
+    assert main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", 'run.device="cuda"']) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "run.device = 'cuda' but torch" in err and "sees no CUDA GPU" in err and 'run.device = "auto"' in err

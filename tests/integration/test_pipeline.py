@@ -371,7 +371,7 @@ def test_learner_warns_once_when_bf16_autocast_would_be_emulated(tmp_path, monke
     import prl.learner.service
     from structlog.testing import capture_logs
 
-    monkeypatch.setattr(prl.learner.service, "native_bf16", lambda: False)
+    monkeypatch.setattr(prl.learner.service, "native_bf16", lambda device_type: False)
     cfg = small_config(tmp_path, **{"learner.bf16_autocast": setting})
     transport = MemoryTransport(MemoryBroker())
     transport.ensure_topics(cfg.run.name)

@@ -1,19 +1,14 @@
 """producer.backend = "auto" on a CPU: vLLM for a model of real size, transformers for a tiny
-one (where vLLM's per-step scheduling costs more than the decoding step); named engines as asked."""
+one (where vLLM's per-step scheduling costs more than the decoding step); on a GPU vLLM whatever
+the size; named engines as asked."""
 
 import importlib.util
 
 import pytest
 
-from prl import generation
 from prl.generation import engine_for
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-
-
-@pytest.fixture
-def cpu(monkeypatch):
-    monkeypatch.setattr(generation, "_has_gpu", lambda: False)
 
 
 def model_of(tmp_path, size: int) -> str:
@@ -23,7 +18,7 @@ def model_of(tmp_path, size: int) -> str:
     return str(tmp_path)
 
 
-def test_auto_on_a_cpu_picks_by_the_weights_size(tmp_path, cpu):
+def test_auto_on_a_cpu_picks_by_the_weights_size(tmp_path):
     small, large = tmp_path / "small", tmp_path / "large"
     small.mkdir(), large.mkdir()
     assert engine_for("auto", model_of(small, 10_000_000)) == "transformers"
@@ -31,7 +26,7 @@ def test_auto_on_a_cpu_picks_by_the_weights_size(tmp_path, cpu):
     assert engine_for("auto", "builtin:tiny-adder") == "transformers"
 
 
-def test_a_named_engine_is_the_one_used(tmp_path, cpu):
+def test_a_named_engine_is_the_one_used(tmp_path):
     model = model_of(tmp_path, 538_000_000)
     assert engine_for("transformers", model) == "transformers"
     if HAS_VLLM:
@@ -39,3 +34,9 @@ def test_a_named_engine_is_the_one_used(tmp_path, cpu):
     else:
         with pytest.raises(RuntimeError, match="vllm is not installed"):
             engine_for("vllm", model)
+
+
+def test_auto_on_a_gpu_picks_vllm_whatever_the_size(tmp_path):
+    small = model_of(tmp_path, 10_000_000)
+    assert engine_for("auto", small, on_gpu=True) == ("vllm" if HAS_VLLM else "transformers")
+    assert engine_for("transformers", small, on_gpu=True) == "transformers"

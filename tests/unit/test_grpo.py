@@ -1,5 +1,6 @@
 """The GRPO loss against a slow, obvious, per-token reference."""
 
+import dataclasses
 import math
 
 import pytest
@@ -129,14 +130,42 @@ def test_the_training_step_goes_through_the_tested_loss(monkeypatch):
 def test_bf16_autocast_auto_trains_in_bf16_only_where_the_device_has_it_natively(monkeypatch, setting, native, autocast):
     """learner.bf16_autocast = "auto": bf16 autocast where bf16 is native, fp32 where it would be
     emulated (a CPU with AVX2 alone, 16x slower); true and false are obeyed as set."""
+    import prl.devices as devices
     import prl.learner.train as train
     from prl.models import load_model
     from prl.schemas.config import LearnerConfig
 
     enabled, real = [], torch.autocast
-    monkeypatch.setattr(train, "native_bf16", lambda: native)
+    monkeypatch.setattr(devices, "native_bf16", lambda device_type: native)
     monkeypatch.setattr(train.torch, "autocast", lambda *a, **k: enabled.append(k["enabled"]) or real(*a, **k))
     model = load_model("builtin:tiny-adder")
     train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), random_rollouts(4, seed=3),
                      LearnerConfig(bf16_autocast=setting))
     assert enabled == [autocast]
+
+
+def test_a_cpu_model_on_a_machine_with_cuda_autocasts_on_the_cpu(monkeypatch):
+    """The autocast follows the model's device, not what the machine has: a CPU model where CUDA
+    is visible still gets CPU bf16 autocast, and its batches stay on the CPU."""
+    import prl.learner.train as train
+    from prl.models import load_model
+    from prl.schemas.config import LearnerConfig
+
+    kinds, real = [], torch.autocast
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(train.torch, "autocast", lambda device_type, **k: kinds.append(device_type) or real(device_type, **k))
+    model = load_model("builtin:tiny-adder")
+    m = train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), random_rollouts(4, seed=3),
+                         LearnerConfig(bf16_autocast=True))
+    assert kinds == ["cpu"] and m["tokens"] > 0
+
+
+def test_a_packed_batch_moves_whole_to_a_device():
+    """Every tensor of a packed batch goes to the device asked for; the temperature stays."""
+    import prl.learner.train as train
+
+    batch = train.pack(random_rollouts(3, seed=1))
+    moved = batch.to(torch.device("meta"))
+    assert {getattr(moved, name).device.type for name in train.TENSORS} == {"meta"}
+    assert moved.temperature == batch.temperature
+    assert {f.name for f in dataclasses.fields(train.PackedBatch)} == {*train.TENSORS, "temperature"}
