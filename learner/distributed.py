@@ -29,10 +29,10 @@ class Dist:
 
 
 def setup(device) -> Dist | None:
-    """Join the process group when started by torchrun (WORLD_SIZE > 1), else None: NCCL and a
-    mesh of GPUs when this rank computes on ``cuda:LOCAL_RANK`` (prl/devices.py), gloo and a
-    mesh of CPUs otherwise."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    """Join the process group when started by torchrun (any world size, one included: FSDP2
+    over one GPU), else None: NCCL and a mesh of GPUs when this rank computes on
+    ``cuda:LOCAL_RANK`` (prl/devices.py), gloo and a mesh of CPUs otherwise."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
     import torch.distributed as tdist
     from torch.distributed.device_mesh import init_device_mesh

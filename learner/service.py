@@ -49,6 +49,10 @@ from prl.schemas.topics import BATCHES, POLICY, ROLLOUTS
 TRAINED_MEMORY = 20_000  # fresh rollout ids remembered (and checkpointed) to refuse a second training
 FETCH_CACHE_BYTES = 256 << 20  # claim-check batches: rollout groups kept so a replayed one is not fetched again
 KEEP_CHECKPOINTS = 3
+# Versions taken but not yet written, at most. Each holds a snapshot of the weights (on the GPU
+# when the learner trains there), and on a GPU a step can be faster than encoding and writing a
+# version on the host: past this the learner waits (its publish_seconds say how long).
+UNWRITTEN_VERSIONS = 2
 
 
 class Learner(Service):
@@ -163,6 +167,9 @@ class Learner(Service):
         if not self.is_main:
             return {}
         t0 = time.perf_counter()
+        while len(self.outgoing) >= UNWRITTEN_VERSIONS:  # the writer is behind: wait for its oldest version
+            self.outgoing[0][2].exception()
+            self.announce_written()
         self.outgoing.append((self.version, self.last_seq, self.writer.publish_async(self.version, tensors, self.lora, self.last_seq)))
         self.published = self.version
         self.announce_written()

@@ -37,11 +37,12 @@ class PackedBatch:
     advantage: torch.Tensor  # [B]
     is_replay: torch.Tensor  # [B] bool
     temperature: float
+    left_padded: bool = True  # some prompt is shorter than P: attention needs the padding mask
 
     def to(self, device) -> "PackedBatch":
         """The same batch on ``device`` (packed on the host, trained where the model lives)."""
         moved = {name: getattr(self, name).to(device, non_blocking=True) for name in TENSORS}
-        return PackedBatch(**moved, temperature=self.temperature)
+        return PackedBatch(**moved, temperature=self.temperature, left_padded=self.left_padded)
 
 
 TENSORS = ("input_ids", "attention_mask", "position_ids", "targets", "mask", "behaviour_logp", "advantage", "is_replay")
@@ -75,6 +76,7 @@ def pack(rollouts: list[TrainRollout], pad_id: int = 0) -> PackedBatch:
         torch.tensor([r.advantage for r in rollouts]),
         torch.tensor([r.is_replay for r in rollouts]),
         temps.pop(),
+        left_padded=any(len(r.prompt_ids) < P for r in rollouts),
     )
 
 
@@ -85,8 +87,11 @@ def token_logprobs(model, batch: PackedBatch) -> torch.Tensor:
     completion token predicts it), and log p(token) = logit - logsumexp(logits), without
     materialising a log-softmax over the vocabulary."""
     C = batch.targets.shape[1]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                logits_to_keep=C + 1)
+    if not batch.left_padded:  # the causal mask alone is exact (right padding comes after every real token),
+        out = model(input_ids=batch.input_ids, logits_to_keep=C + 1)  # and attention takes its fused kernels
+    else:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                    logits_to_keep=C + 1)
     logits = out.logits[:, -(C + 1) : -1].float() / batch.temperature
     chosen = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
     return chosen - torch.logsumexp(logits, -1)

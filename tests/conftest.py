@@ -16,3 +16,18 @@ def kafka_broker(tmp_path_factory):
 @pytest.fixture
 def run_name():
     return f"t{uuid.uuid4().hex[:10]}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu are collected everywhere and skipped, with the reason, where torch sees
+    no CUDA GPU."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    reason = pytest.mark.skip(reason=f"needs a CUDA GPU: torch {torch.__version__} sees none (tools/gpu_check.sh runs these)")
+    for item in gpu_tests:
+        item.add_marker(reason)

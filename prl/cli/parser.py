@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-BENCHMARKS = ("scheduler", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights", "memory")
+BENCHMARKS = ("scheduler", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights", "memory",
+              "gpu")
 
 
 def number_type(convert, ok, what: str):

@@ -167,5 +167,24 @@ def test_a_packed_batch_moves_whole_to_a_device():
     batch = train.pack(random_rollouts(3, seed=1))
     moved = batch.to(torch.device("meta"))
     assert {getattr(moved, name).device.type for name in train.TENSORS} == {"meta"}
-    assert moved.temperature == batch.temperature
-    assert {f.name for f in dataclasses.fields(train.PackedBatch)} == {*train.TENSORS, "temperature"}
+    assert (moved.temperature, moved.left_padded) == (batch.temperature, batch.left_padded)
+    assert {f.name for f in dataclasses.fields(train.PackedBatch)} == {*train.TENSORS, "temperature", "left_padded"}
+
+
+def test_rows_without_left_padding_give_the_log_probs_of_the_padded_forward():
+    """A micro-batch whose prompts all have the same length skips the padding mask (attention's
+    fused causal kernels): its log-probs equal the masked forward's, right padding included."""
+    import prl.learner.train as train
+    from prl.models import load_model
+    from prl.schemas import TrainRollout
+
+    model = load_model("builtin:tiny-adder")
+    rollouts = [TrainRollout(f"r{i}", "p", 0, False, 1.0, 0.0, 1.0, [1, 4, 5, 6], list(range(3, 3 + c)), [-0.5] * c)
+                for i, c in enumerate([2, 5, 3])]
+    batch = train.pack(rollouts)
+    assert not batch.left_padded
+    with torch.no_grad():
+        fast = train.token_logprobs(model, batch)
+        masked = train.token_logprobs(model, dataclasses.replace(batch, left_padded=True))
+    assert torch.allclose(fast * batch.mask, masked * batch.mask, atol=1e-5)
+    assert train.pack(rollouts + [TrainRollout("s", "p", 0, False, 1.0, 0.0, 1.0, [1, 4], [3], [-0.5])]).left_padded
