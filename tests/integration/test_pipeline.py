@@ -642,3 +642,53 @@ def test_prl_run_stopped_by_ctrl_c_checkpoints_its_step_and_continues(tmp_path, 
     assert main(argv[:3] + ["--max-steps", str(summary["steps"])] + argv[5:]) == 2
     assert "raise --max-steps" in capsys.readouterr().err
     assert json.loads((run_dir / "summary.json").read_text()) == again
+
+
+def test_a_learner_faster_than_its_writer_waits_rather_than_hold_more_unwritten_versions(tmp_path):
+    """On a GPU a step can outrun writing a version on the host. Each version taken holds a
+    snapshot of the weights, so the learner holds at most UNWRITTEN_VERSIONS of them and waits for
+    the oldest; every version is still announced, in order."""
+    from concurrent.futures import Future
+
+    from prl.learner.service import UNWRITTEN_VERSIONS, Learner
+    from prl.learner.sources import write_batches
+    from prl.policy import flat_weights
+    from prl.schemas import PolicyVersion, TrainBatch
+    from prl.schemas.topics import POLICY
+    from tests.unit.test_grpo import random_rollouts
+
+    class WrittenWhenWaitedOn(Future):
+        """A write that finishes only when the learner waits for it: a writer that never keeps up."""
+
+        def __init__(self, write):
+            super().__init__()
+            self.write = write
+
+        def exception(self, timeout=None):
+            if not self.done():
+                self.set_result(self.write())
+            return super().exception(timeout)
+
+        def result(self, timeout=None):
+            self.exception()
+            return super().result(timeout)
+
+    cfg = small_config(tmp_path, **{"scheduler.replay.ratio": 0})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    write_batches(str(tmp_path / "a.arrow"), [TrainBatch(f"b{i}", i, i, 0, random_rollouts(8, seed=i)) for i in range(6)])
+    learner = Learner(cfg, transport, batches_from=str(tmp_path / "a.arrow"))
+    writer, held = learner.writer, []
+
+    def publish_async(version, tensors, adapter, last_seq):  # the snapshot now, the writing when waited on
+        spec, flat = [[n, list(t.shape)] for n, t in tensors.items()], flat_weights(tensors, list(tensors), writer.dtype)
+        return WrittenWhenWaitedOn(lambda: writer.write(version, flat, spec, adapter, last_seq))
+
+    writer.publish_async = publish_async
+    while learner.version < 6:
+        learner.step()
+        held.append(len(learner.outgoing))
+    assert max(held) == UNWRITTEN_VERSIONS
+    learner.announce_written(wait=True)
+    sub = transport.subscriber([topic_name(cfg.run.name, POLICY)], group=None, from_beginning=True)
+    assert [decode(m.value, PolicyVersion).version for m in sub.poll(0.0)] == [0, 1, 2, 3, 4, 5, 6]
