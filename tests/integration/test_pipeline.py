@@ -1,8 +1,9 @@
 """The in-process pipeline: services on the in-memory transport."""
 
 import json
-import time
 import shutil
+import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -644,34 +645,33 @@ def test_prl_run_stopped_by_ctrl_c_checkpoints_its_step_and_continues(tmp_path, 
     assert json.loads((run_dir / "summary.json").read_text()) == again
 
 
+class WrittenWhenWaitedOn(Future):
+    """A write that finishes only when someone waits for it: a policy writer that never keeps up."""
+
+    def __init__(self, write):
+        super().__init__()
+        self.write = write
+
+    def exception(self, timeout=None):
+        if not self.done():
+            self.set_result(self.write())
+        return super().exception(timeout)
+
+    def result(self, timeout=None):
+        self.exception()
+        return super().result(timeout)
+
+
 def test_a_learner_faster_than_its_writer_waits_rather_than_hold_more_unwritten_versions(tmp_path):
     """On a GPU a step can outrun writing a version on the host. Each version taken holds a
     snapshot of the weights, so the learner holds at most UNWRITTEN_VERSIONS of them and waits for
     the oldest; every version is still announced, in order."""
-    from concurrent.futures import Future
-
     from prl.learner.service import UNWRITTEN_VERSIONS, Learner
     from prl.learner.sources import write_batches
     from prl.policy import flat_weights
     from prl.schemas import PolicyVersion, TrainBatch
     from prl.schemas.topics import POLICY
     from tests.unit.test_grpo import random_rollouts
-
-    class WrittenWhenWaitedOn(Future):
-        """A write that finishes only when the learner waits for it: a writer that never keeps up."""
-
-        def __init__(self, write):
-            super().__init__()
-            self.write = write
-
-        def exception(self, timeout=None):
-            if not self.done():
-                self.set_result(self.write())
-            return super().exception(timeout)
-
-        def result(self, timeout=None):
-            self.exception()
-            return super().result(timeout)
 
     cfg = small_config(tmp_path, **{"scheduler.replay.ratio": 0})
     transport = MemoryTransport(MemoryBroker())
