@@ -573,6 +573,8 @@ def compare_bytes(baseline: str, base_steps: list[dict], mode: str, steps: list[
         if (base := by_count.get(step["producers"])) is None:
             continue
         old, new = base["broker_bytes_written_per_trained_rollout"], step["broker_bytes_written_per_trained_rollout"]
+        if not old or not new:  # a step too short for either mode to train anything has no such figure
+            continue
         rows.append({"producers": step["producers"], baseline: old, mode: new, "less": 1 - new / old,
                      "learner_fetched": step["learner_fetched_bytes_per_trained_rollout"],
                      "learner_cached": step["learner_cached_bytes_per_trained_rollout"]})

@@ -59,7 +59,8 @@ def _prl_pass(n: int, rounds: int, k: int, g: int, seed: int, trace: bool) -> di
     groups = rng.integers(0, 8, n)
     if trace:
         tracemalloc.start()
-    sampler = PrioritySampler(groups, PriorityConfig(), seed)
+    p = PriorityConfig()  # the defaults a user gets
+    sampler = PrioritySampler(groups, p.pseudo_count, p.retest_interval, seed, group_size=g)
     dispatch_s = observe_s = 0.0
     dispatched = observed = 0
     for r in range(rounds):

@@ -1,0 +1,48 @@
+"""Every `prl bench` entry runs at a small size and stores its figures, so the command behind a
+README or RESULTS figure cannot break unseen. Sizes are chosen for seconds, not for figures."""
+
+import json
+
+import pytest
+
+from prl.cli import main
+from prl.cli.parser import BENCHMARKS
+
+pytestmark = pytest.mark.slow
+
+SMALL = {
+    "scheduler": ["--problems", "2000", "--rounds", "5", "--naive-rounds", "2", "--batch", "16"],
+    "replay": ["--capacity", "2000", "--fresh", "200", "--steps", "5", "--naive-steps", "1"],
+    "producer": pytest.param(["--prompts", "4", "--group-size", "2", "--max-tokens", "4", "--calls", "1"],
+                             marks=pytest.mark.vllm),
+    "learner": ["--steps", "2", "--rollouts", "8", "--micro", "512"],
+    "system": pytest.param(["--groups", "10", "--tokens", "100", "--repeats", "1", "--params-m", "1", "--steps", "3",
+                            "--warmup", "1", "--latency", "0.05"], marks=pytest.mark.kafka),
+    "scale": pytest.param(["--producers", "1", "--seconds", "3", "--tokens", "50", "--max-in-flight", "64",
+                           "--groups-per-batch", "4", "--modes", "copy", "claim_check"], marks=pytest.mark.kafka),
+    "weights": ["--steps", "2", "--lr", "1e-5"],
+    "real": pytest.param(["--seeds", "1", "--minutes", "0.5", "--long-tokens", "0", "--set", 'producer.backend="transformers"'],
+                         marks=pytest.mark.real),
+}
+ELSEWHERE = {  # entries whose small-size test lives beside their other tests
+    "learning": "tests/unit/test_bench_args.py", "memory": "tests/unit/test_bench_args.py",
+    "gpu": "tests/unit/test_bench_gpu.py",
+}
+
+
+def test_every_benchmark_has_a_small_size_test():
+    assert set(SMALL) | set(ELSEWHERE) == set(BENCHMARKS)
+
+
+@pytest.mark.parametrize("args", list(SMALL.values()), ids=list(SMALL))
+def test_a_benchmark_runs_at_a_small_size_and_stores_its_figures(request, tmp_path, capsys, args):
+    name = request.node.callspec.id
+    if name == "real":  # an instruct model of the test suite's own, with a chat template
+        from tests.support.chat_model import make_chat_model
+
+        args = [*args, "--model-dir", str(make_chat_model(tmp_path / "model")), "--png", str(tmp_path / "curve.png")]
+    out = tmp_path / f"{name}.json"
+    assert main(["bench", name, *args, "--json", str(out)]) == 0
+    stored = json.loads(out.read_text())
+    assert stored["code"]["commit"] and stored["machine"]["cores"] >= 1
+    assert capsys.readouterr().out.strip()  # it printed its figures
