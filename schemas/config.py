@@ -11,6 +11,7 @@ per run) are named in the module that uses them.
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 from pathlib import Path
@@ -179,9 +180,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Read TOML (if given), apply dotted overrides, validate; raise ConfigError on any fault."""
-    data: dict[str, Any] = {}
+def load_config(path: str | Path | None = None, overrides: list[str] = (), base: dict | None = None) -> Config:
+    """Read TOML (if given; else start from ``base``, a config read already), apply dotted
+    overrides, validate; raise ConfigError on any fault."""
+    data: dict[str, Any] = copy.deepcopy(base) if base else {}
     if path is not None:
         try:
             data = tomllib.loads(Path(path).read_text())

@@ -24,11 +24,24 @@ COMMAND_MODULES = {"run": "run", "scheduler": "services", "producer": "services"
                    "inspect": "inspect", "replay": "replay", "explain": "explain"}
 
 
+RUN_CONFIG = "config.toml"  # in a run directory: the resolved configuration the run was started with
+
+
 def load(args):
     """The validated config of a command's --config and --set (and its own overrides);
-    on a bad field, one line naming it and exit code 2."""
+    on a bad field, one line naming it and exit code 2. Without --config, a --run-dir that
+    holds the configuration its run was started with starts from that one."""
     from prl.schemas.config import load_config
 
+    if getattr(args, "config", None) is None and getattr(args, "run_dir", None):
+        stored = stored_config(args.run_dir)
+        if stored is not None:
+            return load_config(None, command_overrides(args), base=stored)
+    return load_config(args.config, command_overrides(args))
+
+
+def command_overrides(args) -> list[str]:
+    """--set, then the command's own flags, as dotted overrides."""
     overrides = list(args.overrides)
     if getattr(args, "log_format", None):
         overrides.append(f"run.log_format={json.dumps(args.log_format)}")
@@ -36,7 +49,37 @@ def load(args):
         overrides.append(f"run.run_dir={json.dumps(args.run_dir)}")
     if getattr(args, "max_steps", None) is not None:
         overrides.append(f"learner.max_steps={args.max_steps}")
-    return load_config(args.config, overrides)
+    return overrides
+
+
+def stored_config(run_dir: str) -> dict | None:
+    """The configuration a run directory keeps (see :func:`keep_config`), or None."""
+    import tomllib
+
+    import fsspec
+
+    from prl.schemas.config import ConfigError
+
+    uri = f"{run_dir.rstrip('/')}/{RUN_CONFIG}"
+    try:
+        with fsspec.open(uri, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{uri}: {exc}; give --config, or remove that file") from None
+
+
+def keep_config(cfg) -> None:
+    """Write the resolved configuration into the run directory: every command given that
+    directory alone (`prl explain`, `prl replay`, `prl inspect report`, continuing the run)
+    starts from it."""
+    import fsspec
+
+    from prl.schemas.config import dump_toml
+
+    with fsspec.open(f"{cfg.run.run_dir.rstrip('/')}/{RUN_CONFIG}", "w") as f:
+        f.write(dump_toml(cfg))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ import time
 import fsspec
 import structlog
 
+from prl.cli import keep_config
 from prl.cli.console import Console, summary_table
 from prl.errors import UsageError
 from prl.metrics import MetricsSink, read_run_metrics
@@ -41,6 +42,7 @@ def command(args, cfg) -> int:
         raise UsageError(f"{cfg.run.run_dir} holds a checkpoint of step {done}, at or past learner.max_steps "
                          f"{cfg.learner.max_steps}: raise --max-steps to continue that run, or give a new --run-dir")
     clear_outputs(cfg.run.run_dir)
+    keep_config(cfg)
     with Interrupt(json_lines=cfg.run.log_format == "json") as interrupt:
         summary = run_pipeline(cfg, progress=not args.no_progress, stop=interrupt.event,
                                max_seconds=args.max_minutes * 60 if args.max_minutes else None)

@@ -18,6 +18,10 @@ def command(args, cfg) -> int:
 
     name = args.command
     check_writable(cfg.run.run_dir)
+    if name == "learner":  # the run's owner: commands given its directory alone start from this config
+        from prl.cli import keep_config
+
+        keep_config(cfg)
     offline = name == "learner" and args.batches_from  # trains from a file: no broker needed
     transport = MemoryTransport() if offline else make_transport(cfg.transport)
     transport.ensure_topics(cfg.run.name)

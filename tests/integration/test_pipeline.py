@@ -692,3 +692,23 @@ def test_a_learner_faster_than_its_writer_waits_rather_than_hold_more_unwritten_
     learner.announce_written(wait=True)
     sub = transport.subscriber([topic_name(cfg.run.name, POLICY)], group=None, from_beginning=True)
     assert [decode(m.value, PolicyVersion).version for m in sub.poll(0.0)] == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_directory_alone_is_enough_for_every_command_that_takes_it(tmp_path, capsys):
+    """`prl run` keeps its resolved configuration in the run directory (here one that is not the
+    default: the label as the prior's group, no replay); explain, replay report, inspect report
+    and continuing the run are then given --run-dir alone, and flags still override it."""
+    from prl.cli import main
+
+    run_dir = str(tmp_path / "run")
+    args = ["--set", 'task.group_field="difficulty"', "--set", "scheduler.replay.ratio=0", "--set", "learner.eval_every=0"]
+    assert main(["run", "--run-dir", run_dir, "--max-steps", "2", "--no-progress", *args]) == 0
+    assert main(["explain", "add2:74+31", "--run-dir", run_dir]) == 0
+    assert "from its group" in capsys.readouterr().out  # the label's prior: the stored config, not the default
+    assert main(["replay", "report", "--run-dir", run_dir]) == 0
+    assert main(["inspect", "report", "--run-dir", run_dir]) == 0
+    assert main(["run", "--run-dir", run_dir, "--max-steps", "3", "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["first_step"], summary["steps"]) == (2, 3)
+    stored = load_config(tmp_path / "run" / "config.toml")
+    assert (stored.task.group_field, stored.scheduler.replay.ratio, stored.learner.max_steps) == ("difficulty", 0.0, 3)
