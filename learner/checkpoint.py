@@ -26,14 +26,11 @@ from pathlib import Path
 import structlog
 
 from prl import storage
+from prl.models import MODEL_FILES
 from prl.trust import checkpoint_name, checkpoint_root
 
 log = structlog.get_logger("checkpoint")
 
-# Files of the base model directory copied into every checkpoint (config, tokenizer, chat
-# template), so the checkpoint loads on its own; weights are the checkpoint's own.
-HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-            "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
 CheckpointError = storage.StorageError
 
 
@@ -98,7 +95,7 @@ def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: d
             storage.CHECKPOINT_WEIGHTS: storage.safetensors_chunks(weights),
             storage.CHECKPOINT_STATE: json.dumps({**state, "step": step, "param_groups": param_groups, "world_size": world}).encode(),
         }
-        for fname in HF_FILES:
+        for fname in MODEL_FILES:
             if (base_model_dir / fname).exists():
                 files[fname] = (base_model_dir / fname).read_bytes()
         written = {optimizer_shard_name(r, world): h for r, h in enumerate(digests)}

