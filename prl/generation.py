@@ -234,6 +234,7 @@ class VLLMBackend(Backend):
             max_model_len=settings.max_model_len,
             logprobs_mode="processed_logprobs",
             worker_extension_cls="prl.vllm_worker.WeightReload",
+            use_tqdm_on_load=False,  # no loading bar on the console: the producer logs its start
             **engine,
             **lora,
         )

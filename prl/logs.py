@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from contextlib import contextmanager
 
 import structlog
 
@@ -25,7 +26,9 @@ LIBRARIES = ("kafka", "transformers", "vllm", "urllib3", "botocore", "aiobotocor
 
 
 def configure(fmt: str = "console", level: str = "info", log_file: str | None = None,
-              console_level: str | None = None) -> None:
+              console_level: str | None = None, libraries_on_console: bool = True) -> None:
+    """``libraries_on_console``: False keeps the libraries' own lines (their loggers and Python
+    warnings) off the console; they go to ``log_file`` alone."""
     renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[*SHARED, structlog.processors.format_exc_info, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
@@ -36,6 +39,8 @@ def configure(fmt: str = "console", level: str = "info", log_file: str | None = 
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=SHARED, processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer])
     handlers = [_handler(logging.StreamHandler(_CurrentStderr()), console_level or level, formatter)]
+    if not libraries_on_console and log_file:
+        handlers[0].addFilter(_OwnLines())
     if log_file:
         os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
         handlers.append(_handler(logging.FileHandler(log_file), level, formatter))
@@ -46,6 +51,42 @@ def configure(fmt: str = "console", level: str = "info", log_file: str | None = 
         root.addHandler(h)
     root.setLevel(min(h.level for h in handlers))
     _route_libraries(max(logging.WARNING, min(h.level for h in handlers)))
+    logging.captureWarnings(True)  # a library's warnings.warn is a log line too (logger py.warnings)
+
+
+THIRD_PARTY = (*LIBRARIES, "py.warnings", "torch", "peft", "accelerate", "matplotlib", "PIL")
+
+
+class _OwnLines(logging.Filter):
+    """Passes prl's own lines; drops the libraries' (they stay in the log file)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(record.name == name or record.name.startswith(name + ".") for name in THIRD_PARTY)
+
+
+@contextmanager
+def native_output_to(log_file: str | None):
+    """While the block runs, what is written below Python to the process's standard error (the
+    C++ warnings of torch and of vLLM's native libraries) goes to ``log_file``; ``sys.stderr``
+    keeps the console. Nothing changes where ``sys.stderr`` is not the process's own (a test's
+    capture) or there is no log file."""
+    if not log_file or sys.stderr is not sys.__stderr__:
+        yield
+        return
+    original = sys.stderr
+    original.flush()
+    console = os.dup(2)
+    target = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(target, 2)
+    os.close(target)
+    sys.stderr = open(console, "w", buffering=1, encoding=original.encoding, errors="backslashreplace", closefd=False)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(console, 2)
+        os.close(console)
+        sys.stderr = original
 
 
 def _handler(handler: logging.Handler, level: str, formatter) -> logging.Handler:

@@ -170,7 +170,8 @@ def configure_logs(args, cfg) -> None:
         from prl.storage import check_writable
 
         check_writable(training_here)  # the log file goes there
+        verbose = getattr(args, "verbose", False)  # else the libraries' start-up lines stay in the log file
         logs.configure(cfg.run.log_format, "info", log_file=run_log(training_here),
-                       console_level="debug" if getattr(args, "verbose", False) else "warning")
+                       console_level="debug" if verbose else "warning", libraries_on_console=verbose)
     else:
         logs.configure(cfg.run.log_format, "debug" if getattr(args, "verbose", False) else "info")

@@ -16,6 +16,7 @@ import time
 import fsspec
 import structlog
 
+from prl import logs
 from prl.cli import keep_config
 from prl.cli.console import Console, summary_table
 from prl.errors import UsageError
@@ -43,7 +44,8 @@ def command(args, cfg) -> int:
                          f"{cfg.learner.max_steps}: raise --max-steps to continue that run, or give a new --run-dir")
     clear_outputs(cfg.run.run_dir)
     keep_config(cfg)
-    with Interrupt(json_lines=cfg.run.log_format == "json") as interrupt:
+    native_log = None if args.verbose else run_log(cfg.run.run_dir)  # torch's and vLLM's C++ warnings go there
+    with Interrupt(json_lines=cfg.run.log_format == "json") as interrupt, logs.native_output_to(native_log):
         summary = run_pipeline(cfg, progress=not args.no_progress, stop=interrupt.event,
                                max_seconds=args.max_minutes * 60 if args.max_minutes else None)
     summary["interrupted_by"] = interrupt.signal_name
