@@ -64,7 +64,7 @@ def stored_config(run_dir: str) -> dict | None:
     try:
         with fsspec.open(uri, "rb") as f:
             return tomllib.load(f)
-    except FileNotFoundError:
+    except OSError:  # none there, or no directory at all: the command says what is wrong with it
         return None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{uri}: {exc}; give --config, or remove that file") from None

@@ -91,12 +91,14 @@ def test_an_object_store_that_cannot_be_used_is_one_line_with_the_fix(tmp_path, 
 
 def test_a_run_continued_or_explained_with_another_strategy_is_one_line(tmp_path, capsys):
     """The scheduler's snapshot says which sampler wrote it: `prl run` continued (or `prl
-    explain`) with another strategy than the run was started with names both and the fix
-    (before: a KeyError traceback from the sampler's state)."""
+    explain`) with another strategy than the run was started with (given --run-dir alone, the
+    run's own config.toml is taken; here --set overrides it) names both and the fix (before: a
+    KeyError traceback from the sampler's state)."""
     run = ["--run-dir", str(tmp_path / "r")]
     assert main(["run", *run, "--max-steps", "2", "--no-progress", "--set", "scheduler.strategy='uniform'"]) == 0
     capsys.readouterr()
-    for argv in (["run", *run, "--max-steps", "4", "--no-progress"], ["explain", *run, "add1:8+1"]):
+    other = ["--set", "scheduler.strategy='priority'"]
+    for argv in (["run", *run, "--max-steps", "4", "--no-progress", *other], ["explain", *run, "add1:8+1", *other]):
         assert run_cli(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1, err
