@@ -83,7 +83,7 @@ def native_output_to(log_file: str | None):
     try:
         yield
     finally:
-        sys.stderr.flush()
+        sys.stderr.close()  # the console's file object; its descriptor is closed below, after fd 2 is back
         os.dup2(console, 2)
         os.close(console)
         sys.stderr = original
