@@ -42,6 +42,7 @@ from prl.models import export_state, load_model, load_state, load_tokenizer, lor
 from prl.policy import PolicyWriter, VersionRejected, newest_version, read_meta
 from prl.trust import policy_root, version_name
 from prl.service import Service, ServiceStopped
+from prl.transport import TransportError
 from prl.schemas import DecodeError, PolicyVersion, TrainBatch, TrainBatchRefs, decode, encode
 from prl.schemas.topics import BATCHES, POLICY, ROLLOUTS
 
@@ -167,21 +168,25 @@ class Learner(Service):
         if not self.is_main:
             return {}
         t0 = time.perf_counter()
-        while len(self.outgoing) >= UNWRITTEN_VERSIONS:  # the writer is behind: wait for its oldest version
-            self.outgoing[0][2].exception()
-            self.announce_written()
+        while sum(not f.done() for _, _, f in self.outgoing) >= UNWRITTEN_VERSIONS:  # the writer is behind
+            next(f for _, _, f in self.outgoing if not f.done()).exception()  # wait for its oldest version
         self.outgoing.append((self.version, self.last_seq, self.writer.publish_async(self.version, tensors, self.lora, self.last_seq)))
         self.published = self.version
-        self.announce_written()
+        try:
+            self.announce_written()
+        except TransportError as exc:  # kept in order and announced again by the next step; this one is trained
+            self.count("announcements_retried")
+            self.log.warning("announcement_not_acknowledged", version=self.outgoing[0][0], error=str(exc)[:200])
         return {"publish_seconds": time.perf_counter() - t0}  # the learner's own time; the writing is the writer's
 
     def announce_written(self, wait: bool = False) -> None:
         """Announce, in order, the versions whose writing has finished (with ``wait``, all of
         them, once written), each with a metrics line of its bytes and writing time."""
         while self.outgoing and (wait or self.outgoing[0][2].done()):
-            version, last_seq, future = self.outgoing.popleft()
+            version, last_seq, future = self.outgoing[0]
             written = future.result()  # a write that failed stops the learner: nothing unwritten is announced
             self.announce(PolicyVersion(version, written.uri, last_seq, time.time(), written.kind, written.checksum))
+            self.outgoing.popleft()  # only once the broker has it: a failed announcement is made again
             self.emit({"version_bytes": written.bytes, "write_seconds": written.seconds, f"version_kind/{written.kind}": 1},
                       step=version)
 
@@ -220,8 +225,9 @@ class Learner(Service):
 
     def step(self) -> bool:
         if self.version >= self.cfg.learner.max_steps or self.exhausted:
+            self.announce_written(wait=True)  # again, if the broker did not take the last ones before
             return True
-        self.announce_written()
+        self.announce_written()  # a TransportError here: the service loop retries the step, nothing is lost
         data = None
         if self.is_main:
             msg, self.exhausted = self.source.next(self.poll_s)

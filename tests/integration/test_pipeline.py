@@ -764,3 +764,40 @@ def test_a_lora_run_exports_merged_or_as_a_peft_adapter(tmp_path, capsys):
     assert torch.allclose(one, other, atol=1e-4) and not torch.allclose(one, base, atol=1e-4)
     assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
         "builtin:tiny-adder"  # model.path as the run's config names it
+
+
+def test_an_announcement_the_broker_did_not_take_is_made_again_in_order(tmp_path):
+    """A policy announcement whose publish is not acknowledged (the network failed) stays queued:
+    the step that trained it goes on, the next step announces it first, and every version reaches
+    the topic in order; before, the learner dropped it and the fleet waited for it for ever."""
+    from prl.learner.service import Learner
+    from prl.learner.sources import write_batches
+    from prl.schemas import PolicyVersion, TrainBatch
+    from prl.schemas.topics import POLICY
+    from prl.transport import TransportError
+    from tests.unit.test_grpo import random_rollouts
+
+    cfg = small_config(tmp_path, **{"scheduler.replay.ratio": 0, "learner.max_steps": 4})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    write_batches(str(tmp_path / "a.arrow"), [TrainBatch(f"b{i}", i, i, 0, random_rollouts(8, seed=i)) for i in range(4)])
+    learner = Learner(cfg, transport, batches_from=str(tmp_path / "a.arrow"))
+    flush, failures = learner.publisher.flush, iter([False, True, True])  # the 2nd and 3rd flushes after start fail
+
+    def flaky_flush(*args, **kwargs):
+        if next(failures, False):
+            raise TransportError("publish not acknowledged: KafkaTimeoutError")
+        return flush(*args, **kwargs)
+
+    learner.publisher.flush = flaky_flush
+    done, errors = False, 0
+    while not done:
+        try:
+            done = learner.step()
+        except TransportError:  # what Service.run does: count, back off, step again
+            errors += 1
+    sub = transport.subscriber([topic_name(cfg.run.name, POLICY)], group=None, from_beginning=True)
+    versions = [decode(m.value, PolicyVersion).version for m in sub.poll(0.0)]
+    assert errors + learner.counters.get("announcements_retried", 0) == 2  # both failures met a retry
+    assert set(versions) == {0, 1, 2, 3, 4}  # none dropped (one may arrive twice: at least once)
+    assert versions == sorted(versions)  # in order: a version is never announced before an older one
