@@ -352,7 +352,7 @@ def write_config(path: Path, bootstrap: str, run: str, run_dir: Path, args, mode
         task={"train_path": task.split("=", 1)[1].strip('"')},
         sampling={"group_size": 8, "max_tokens": args.tokens},
         scheduler={"groups_per_batch": args.groups_per_batch, "max_in_flight": args.max_in_flight, "max_batches_ahead": 4,
-                   "snapshot_every": 20, "claim_check": mode.startswith("claim_check"), "dispatch_timeout_s": 600.0},
+                   "claim_check": mode.startswith("claim_check"), "dispatch_timeout_s": 600.0},
         producer={"drop_zero_signal_completions": mode.endswith("+rewards_only")},
         learner={"max_steps": 10**9},  # the simulated learner's versions never reach it
     )

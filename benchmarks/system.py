@@ -191,7 +191,7 @@ def pipeline_config(run_dir: str, steps: int):
         f"run.run_dir={json.dumps(run_dir)}", f"learner.max_steps={steps}", "learner.eval_every=0",
         "scheduler.strategy='uniform'", "scheduler.groups_per_batch=8",
         "scheduler.max_in_flight=8", "producer.max_dispatches_per_call=8", "scheduler.max_batches_ahead=2",
-        "scheduler.replay.ratio=0", "learner.checkpoint_every=1", f"scheduler.snapshot_every={steps + 1}",
+        "scheduler.replay.ratio=0", "learner.checkpoint_every=1",
     ])
 
 

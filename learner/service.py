@@ -174,21 +174,22 @@ class Learner(Service):
         self.published = self.version
         try:
             self.announce_written()
-        except TransportError as exc:  # kept in order and announced again by the next step; this one is trained
+        except TransportError as exc:  # kept by the publisher, sent again by the next step; this one is trained
             self.count("announcements_retried")
-            self.log.warning("announcement_not_acknowledged", version=self.outgoing[0][0], error=str(exc)[:200])
+            self.log.warning("announcement_not_acknowledged", error=str(exc)[:200])
         return {"publish_seconds": time.perf_counter() - t0}  # the learner's own time; the writing is the writer's
 
     def announce_written(self, wait: bool = False) -> None:
         """Announce, in order, the versions whose writing has finished (with ``wait``, all of
-        them, once written), each with a metrics line of its bytes and writing time."""
+        them, once written), each with a metrics line of its bytes and writing time. An
+        announcement the broker does not acknowledge is kept by the publisher and sent again,
+        before anything newer, at the next flush."""
         while self.outgoing and (wait or self.outgoing[0][2].done()):
-            version, last_seq, future = self.outgoing[0]
+            version, last_seq, future = self.outgoing.popleft()
             written = future.result()  # a write that failed stops the learner: nothing unwritten is announced
-            self.announce(PolicyVersion(version, written.uri, last_seq, time.time(), written.kind, written.checksum))
-            self.outgoing.popleft()  # only once the broker has it: a failed announcement is made again
             self.emit({"version_bytes": written.bytes, "write_seconds": written.seconds, f"version_kind/{written.kind}": 1},
                       step=version)
+            self.announce(PolicyVersion(version, written.uri, last_seq, time.time(), written.kind, written.checksum))
 
     def announce_start(self) -> None:
         """Say where the learner starts: the base model (a fresh run), or the version of the
@@ -225,9 +226,12 @@ class Learner(Service):
 
     def step(self) -> bool:
         if self.version >= self.cfg.learner.max_steps or self.exhausted:
-            self.announce_written(wait=True)  # again, if the broker did not take the last ones before
+            self.announce_written(wait=True)
+            self.publisher.flush()  # again, if the broker did not take the last ones before
             return True
-        self.announce_written()  # a TransportError here: the service loop retries the step, nothing is lost
+        self.announce_written()
+        if self.publisher.unacknowledged:  # announcements the broker did not take: they go first
+            self.publisher.flush()
         data = None
         if self.is_main:
             msg, self.exhausted = self.source.next(self.poll_s)
@@ -246,6 +250,7 @@ class Learner(Service):
         done = self.version >= self.cfg.learner.max_steps or self.exhausted
         if done:
             self.announce_written(wait=True)  # the last versions go out before the learner is done
+            self.publisher.flush()
         return done
 
     def resolve(self, msg) -> TrainBatch | None:
@@ -288,7 +293,7 @@ class Learner(Service):
     def commit_if_checkpointed(self) -> None:
         """Commit the batch offsets now if nothing trained is missing from the last checkpoint."""
         if self.source is not None and self.saved_version == self.version:
-            self.source.commit()
+            self.deliver(self.source)  # its dead letter first
 
     def out_of_vocabulary(self, batch: TrainBatch) -> str | None:
         """Why this batch cannot go through the model (a token id it has no embedding for)."""
@@ -362,7 +367,7 @@ class Learner(Service):
         )
         self.saved_version = self.version
         if self.is_main:  # offsets move with checkpoints: a restart re-reads what the checkpoint lacks
-            self.source.commit()
+            self.deliver(self.source)
 
     def gauges(self) -> dict:
         return {**self.counters, "version": self.version, "last_batch_seq": self.last_seq,

@@ -20,9 +20,52 @@ from prl.trust import SIGNATURE_HEADER, KeyMissing, Signer
 from prl.schemas import DecodeError, decode, encode, headers, topic_name
 
 
+# Longest wait between two tries of a step that failed on the transport. Short: after a network
+# fault heals, a service is back within this (kafka-python reconnects within 2 s, kafka.py).
+MIN_BACKOFF_S, MAX_BACKOFF_S = 0.5, 5.0
+# A service whose steps have failed on the transport this long says so once and answers /health
+# with 503 (Kubernetes restarts it); a service that steps slower than this is called stalled too.
+STALL_S = 120.0
+RECORD_OVERHEAD = 128  # bytes Kafka's record batch framing adds to a message's key, value and headers
+
+
 class ServiceStopped(RuntimeError):
     """A service cannot go on (not a passing fault): the message says why and what to do.
     Commands print it as one line and exit non-zero."""
+
+
+class Outage:
+    """A run of steps that failed on the transport: each failure is logged with the wait before
+    the next try (doubling, at most MAX_BACKOFF_S); past STALL_S it is said once as
+    ``transport_stalled``; the first step that succeeds logs how long it lasted."""
+
+    def __init__(self, service: "Service"):
+        self.service, self.since, self.backoff, self.said = service, None, MIN_BACKOFF_S, False
+
+    def failed(self, exc: Exception) -> float:
+        """Count and log a failed step; the seconds to wait before the next."""
+        svc, now = self.service, time.monotonic()
+        svc.count("transport_errors")
+        self.since = self.since or now
+        if not self.said and now - self.since >= STALL_S:
+            self.said = True
+            svc.log.error("transport_stalled", seconds=round(now - self.since), error=str(exc)[:300],
+                          fix="check the brokers and transport.kafka.bootstrap_servers; /health answers 503 until a step succeeds")
+        else:
+            svc.log.warning("transport_error", error=str(exc)[:300], retry_in_s=self.backoff)
+        wait, self.backoff = self.backoff, min(self.backoff * 2, MAX_BACKOFF_S)
+        return wait
+
+    def over(self) -> None:
+        """A step succeeded: log the outage's length, if there was one, and start afresh."""
+        if self.since is not None:
+            self.service.log.info("transport_recovered", seconds=round(time.monotonic() - self.since, 1))
+            self.service.count("transport_recoveries")
+        self.since, self.backoff, self.said = None, MIN_BACKOFF_S, False
+
+
+class TooBig(ValueError):
+    """A record larger than a message may be."""
 
 
 class Service:
@@ -63,11 +106,16 @@ class Service:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
     def send(self, kind: str, record, key: bytes | None = None) -> None:
-        """Publish a record to this run's topic of ``kind``, signed when that kind is."""
+        """Publish a record to this run's topic of ``kind``, signed when that kind is; TooBig
+        where it exceeds ``transport.kafka.max_message_bytes`` (the broker would refuse it on
+        every retry)."""
         topic = self.topic(kind)
         with self.timed("encode"):
             value = encode(record)
             hdrs = headers(record) + self.signer.headers(kind, topic, value)
+        size = len(value) + len(key or b"") + sum(len(k) + len(v) for k, v in hdrs) + RECORD_OVERHEAD
+        if size > (limit := self.cfg.transport.kafka.max_message_bytes):
+            raise TooBig(f"{size:,} bytes > transport.kafka.max_message_bytes {limit:,}")
         with self.timed("kafka_io"):
             self.publisher.publish(topic, value, key=key, headers=hdrs)
 
@@ -120,25 +168,36 @@ class Service:
     def close(self) -> None:
         self.publisher.close()
 
+    def deliver(self, subscriber) -> None:
+        """Wait for the broker to acknowledge everything published (dead letters included), then
+        commit what ``subscriber`` has polled: an offset is never committed past work that is
+        not on a topic. A TransportError keeps the unacknowledged messages; the step that
+        retries sends them again."""
+        self.publisher.flush()
+        subscriber.commit()
+
     def run(self, stop: threading.Event | None = None, http: str = "") -> None:
-        """Step until finished or ``stop``; serve /health and /metrics on ``http`` (host:port) if given."""
+        """Step until finished or ``stop``; serve /health and /metrics on ``http`` (host:port) if given.
+
+        A TransportError (the broker away, a publish not acknowledged) ends the step, and the
+        step is tried again after a growing wait: what it published and was not acknowledged is
+        kept by the publisher and sent again, what it polled and did not commit stays
+        uncommitted. A transport that makes no progress for ``STALL_S`` is said once
+        in one line, and /health answers 503 from then, so Kubernetes restarts the pod."""
         from prl.status import StatusServer
 
         stop = stop or threading.Event()
         host, _, port = http.rpartition(":")
-        status = StatusServer(self, int(port), host=host.strip("[]")) if http else None
-        backoff = 0.5
+        status = StatusServer(self, int(port), host=host.strip("[]"), stall_s=STALL_S) if http else None
+        outage = Outage(self)
         try:
             while not stop.is_set():
                 try:
                     done = self.step()
-                except TransportError as exc:  # broker away: wait, retry; unacknowledged work is redelivered
-                    self.count("transport_errors")
-                    self.log.warning("transport_error", error=str(exc)[:300], retry_in_s=backoff)
-                    stop.wait(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                except TransportError as exc:
+                    stop.wait(outage.failed(exc))
                     continue
-                backoff = 0.5
+                outage.over()
                 self.last_step_at = time.monotonic()
                 if done:
                     break

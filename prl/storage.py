@@ -232,6 +232,15 @@ def read_verified(uri: str, fname: str) -> bytes:
     return data
 
 
+def read_checked(uri: str, expected: str) -> bytes:
+    """One file, checked against the checksum its reader was given."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    data = fs.cat_file(path)
+    if not _verify(data, expected):
+        raise StorageError(f"{uri}: checksum does not match {expected}")
+    return data
+
+
 def read_safetensors(uri: str, fname: str) -> dict:
     """The tensors of one safetensors file of a versioned directory, checked against its manifest."""
     from safetensors.torch import load

@@ -9,8 +9,10 @@ Loop, top to bottom:
   3. generate G completions for each in one engine call;
   4. score each completion with the reward function;
   5. publish one RolloutGroup per dispatch, carrying the loaded policy version (a group
-     without a signal as its rewards only, with producer.drop_zero_signal_completions);
-  6. wait for the broker's acknowledgement, then commit the dispatch offsets.
+     without a signal as its rewards only, with producer.drop_zero_signal_completions; one too
+     big for a message as an error that says so);
+  6. wait for the broker's acknowledgement, then commit the dispatch offsets (a step whose
+     publish failed is delivered by the next before it takes new dispatches).
 
 EvalRequests come on the same topic: each is answered greedily by the version it names and no
 other, the one served or that version rebuilt from storage and swapped in for the call, and the
@@ -30,7 +32,7 @@ from prl.generation import Request, make_backend
 from prl.rewards import RewardRunner, load_reward
 from prl.models import base_weight_shapes, resolve_model_dir
 from prl.policy import PolicyReader, VersionRejected, newest_version, version_whole
-from prl.service import Service
+from prl.service import Service, TooBig
 from prl.trust import version_problem
 from prl.evaluation import greedy_rewards
 from prl.schemas import Dispatch, EvalRequest, EvalResult, PolicyVersion, Rollout, RolloutGroup
@@ -83,6 +85,8 @@ class Producer(Service):
 
     def step(self) -> bool:
         self.maybe_reload()
+        if self.publisher.unacknowledged:  # a step the broker failed: deliver its work before taking more
+            self.deliver(self.dispatches)
         if self.backend.version >= self.cfg.learner.max_steps and time.monotonic() - self.last_request_at > FINISH_IDLE_S:
             self.log.info("learner_finished", policy_version=self.backend.version)
             return True  # the last policy is served and its evaluation answered: nothing more to do
@@ -95,14 +99,25 @@ class Producer(Service):
         dispatches = [r for r in records if isinstance(r, Dispatch)]
         if dispatches:
             groups = self.rollout_groups(dispatches)
-            for group in groups:
-                self.send(ROLLOUTS, group, key=group.problem_id.encode())
-            self.publisher.flush()
+            for i, group in enumerate(groups):
+                try:
+                    self.send(ROLLOUTS, group, key=group.problem_id.encode())
+                except TooBig as exc:  # answered with why: the scheduler retires the problem, not dispatch it for ever
+                    groups[i] = self.too_big(group, str(exc))
+                    self.send(ROLLOUTS, groups[i], key=group.problem_id.encode())
             self.emit(self.call_metrics(groups), policy_version=self.backend.version)
         if msgs:
-            self.publisher.flush()
-            self.dispatches.commit()
+            self.deliver(self.dispatches)
         return False
+
+    def too_big(self, group: RolloutGroup, size: str) -> RolloutGroup:
+        """The error group that answers a dispatch whose group is too big for one message."""
+        self.count("groups_too_big")
+        self.log.error("group_too_big", problem_id=group.problem_id, size=size)
+        return RolloutGroup(group.dispatch_id, group.problem_id, group.policy_version, group.producer_id, [],
+                            group.temperature, [], created_at=time.time(),
+                            error=f"GroupTooBig: {size}; lower sampling.max_tokens or sampling.group_size, or raise the limit "
+                                  "(the broker's too)")
 
     def evaluate(self, request: EvalRequest) -> EvalResult:
         """Greedy answers with ``request.version`` and no other: the weights served, or that

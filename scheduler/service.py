@@ -6,7 +6,8 @@ Loop, top to bottom:
   2. accept returned RolloutGroups: dead-letter those for unknown problems or from a version
      the learner has not made, ignore unknown or already-answered dispatch ids, update the
      sampler, keep them as fresh (with dynamic sampling, only those with a signal);
-  3. re-dispatch what timed out;
+  3. re-dispatch what timed out (a late answer to the old dispatch is still used; a problem
+     whose dispatch times out MAX_DISPATCH_ATTEMPTS times is retired, saying why);
   4. publish a batch when enough fresh groups wait and the learner is not too far behind
      (the zero-variance filter and tau_max apply as the batch is composed; with claim_check
      the batch names the rollouts' messages instead of copying them); the state is
@@ -38,12 +39,19 @@ from prl.scheduler.replay import ReplayBuffer
 from prl.scheduler.archive import RolloutArchive
 from prl.scheduler.archive import root as archive_root
 from prl.scheduler.samplers import make_sampler
-from prl.scheduler.snapshot import expect_inside, expect_sized, read_snapshot, write_snapshot
+from prl.scheduler.snapshot import ReplayLog, expect_inside, expect_sized, read_snapshot, write_snapshot
 from prl.schemas import Dispatch, EvalResult, PolicyVersion, RolloutGroup, RolloutRef, Sampling, TrainBatch, TrainBatchRefs
 from prl.schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
+MAX_DISPATCH_ATTEMPTS = 4  # a problem whose dispatch timed out this many times in a row is retired, with the reason
 TRACKER_TABLE_EVERY = 50  # a table of sampled rollouts goes to the trackers every N batches
 BATCH_BYTES_PER_TOKEN = 10  # a TrainBatch's bytes per token (id, log-prob, framing): its token budget
+
+
+def dispatch_timeout(base_s: float, attempt: int) -> float:
+    """How long attempt ``attempt`` (0: the first) of a dispatch waits for its answer: doubling
+    per attempt, so a fleet that is slow, not lost, is not asked for everything again at once."""
+    return base_s * 2 ** attempt
 
 
 def refuse_overlap(heldout: list, index: dict) -> list:
@@ -93,11 +101,14 @@ class Scheduler(Service):
         s = cfg.sampling
         self.sampling = Sampling(s.temperature, 1.0, s.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
+        self.superseded: dict[str, str] = {}  # timed-out dispatch id -> the one issued in its place (a late answer is used)
         self.unacked: list[float] = []  # when each dispatch sent since the last flush was issued
         self.coords: dict[str, tuple[str, int, int]] = {}  # dispatch id -> its group's message (claim-check)
         self.retired_reasons: dict[str, str] = {}  # error kind -> its latest message
         self.fresh: list[RolloutGroup] = []
+        self.unpublished: TrainBatch | None = None  # composed and snapshotted, not yet sent
         self.replay = ReplayBuffer(seed=cfg.run.seed) if cfg.scheduler.replay.ratio > 0 else None
+        self.replay_log = ReplayLog(cfg.run.run_dir)  # the buffer's rollouts on storage, each written once
         self.learner_version = 0
         self.learner_last_seq = -1
         self.next_seq = 0
@@ -210,7 +221,7 @@ class Scheduler(Service):
         if group.problem_id not in self.index:
             self.reject(msg, "unknown_problem", group.problem_id)
             return False
-        flight = self.in_flight.get(group.dispatch_id)
+        flight = self.in_flight.get(self.live_dispatch(group.dispatch_id))
         if not group.has_completions and (not self.zero_variance_filter or has_signal(group.rewards)):
             self.reject(msg, "missing_completions", "a group that can be trained has rollouts without completion tokens")
             return False
@@ -236,16 +247,16 @@ class Scheduler(Service):
     def accept(self, group: RolloutGroup) -> int | None:
         """Take a result in; return its problem index (the sampler observes its rewards), or
         None for a duplicate or unknown one, or an error (the problem is retired)."""
-        flight = self.in_flight.pop(group.dispatch_id, None)
+        live = self.live_dispatch(group.dispatch_id)
+        flight = self.in_flight.pop(live, None)
         if flight is None:
             self.count("duplicate_or_unknown_results")
             return None
+        if live != group.dispatch_id:  # it timed out and was issued again: the late answer is used
+            self.count("late_results_used")
         self.archive.add(group, self.learner_version)
         if group.error:
-            self.count("problems_retired")
-            self.retired_reasons[group.error.split(":", 1)[0]] = group.error
-            self.sampler.retire(flight.problem)
-            self.log.warning("problem_retired", problem_id=group.problem_id, error=group.error)
+            self.retire(flight.problem, group.error)
             return None
         self.rollouts_generated += len(group.rollouts)
         self.generate_seconds += group.generate_seconds
@@ -260,17 +271,47 @@ class Scheduler(Service):
             self.fresh.append(group)
         return flight.problem
 
+    def live_dispatch(self, dispatch_id: str) -> str:
+        """The dispatch in flight for the problem ``dispatch_id`` asked for: itself, or the one
+        issued after it timed out (and after that one, ...)."""
+        while dispatch_id in self.superseded:
+            dispatch_id = self.superseded[dispatch_id]
+        return dispatch_id
+
     def redispatch_timed_out(self) -> None:
+        """Issue again each dispatch past its timeout (which doubles per attempt), remembering
+        the old id so that its late answer is still used; retire a problem whose dispatch timed
+        out MAX_DISPATCH_ATTEMPTS times."""
         self.evaluator.redispatch_timed_out(self.cfg.scheduler.dispatch_timeout_s)
         now = time.time()
         for did, flight in list(self.in_flight.items()):
-            if now - flight.issued_at > self.cfg.scheduler.dispatch_timeout_s:
-                del self.in_flight[did]
-                self.count("redispatched")
-                self.dispatch(flight.problem, flight.attempt + 1, flight.group_size)
+            if now - flight.issued_at <= dispatch_timeout(self.cfg.scheduler.dispatch_timeout_s, flight.attempt):
+                continue
+            del self.in_flight[did]
+            if flight.attempt + 1 >= MAX_DISPATCH_ATTEMPTS:
+                self.retire(flight.problem, f"TimedOut: no answer to {MAX_DISPATCH_ATTEMPTS} dispatches; raise "
+                                            "scheduler.dispatch_timeout_s if the producers are slow rather than lost")
+                continue
+            self.count("redispatched")
+            self.superseded[did] = self.dispatch(flight.problem, flight.attempt + 1, flight.group_size)
+        self.forget_superseded()
+
+    def forget_superseded(self) -> None:
+        """Keep the old ids of dispatches still in flight only (their answers can still be used)."""
+        if len(self.superseded) > 4 * self.cfg.scheduler.max_in_flight:
+            self.superseded = {old: new for old, new in self.superseded.items() if self.live_dispatch(new) in self.in_flight}
+
+    def retire(self, problem: int, reason: str) -> None:
+        """Never dispatch ``problem`` again, for ``reason`` (its kind, a colon, then what to do)."""
+        self.count("problems_retired")
+        self.retired_reasons[reason.split(":", 1)[0]] = reason
+        self.sampler.retire(problem)
+        self.log.warning("problem_retired", problem_id=self.problems[problem].id, error=reason)
 
     def publish_batches(self) -> None:
         cfg = self.cfg.scheduler
+        if self.unpublished is not None:  # snapshotted, then the step failed before it was sent
+            self.publish_batch(self.unpublished)
         while len(self.fresh) >= cfg.groups_per_batch and self.batches_ahead() < cfg.max_batches_ahead:
             groups, rest = self.fresh[: cfg.groups_per_batch], self.fresh[cfg.groups_per_batch :]
             comp = self.compose(groups)
@@ -280,9 +321,9 @@ class Scheduler(Service):
             if batch is None:
                 continue
             self.next_seq += 1
-            if self.next_seq % self.cfg.scheduler.snapshot_every == 0:
-                with self.timed("snapshot"):
-                    self.snapshot(pending=batch)  # on storage before it is on the topic
+            self.unpublished = batch
+            with self.timed("snapshot"):
+                self.snapshot(pending=batch)  # on storage before it is on the topic
             self.publish_batch(batch)
             self.emit(self.batch_metrics(batch), seq=batch.seq, learner_version=self.learner_version)
             if batch.seq % TRACKER_TABLE_EVERY == 0:
@@ -321,7 +362,9 @@ class Scheduler(Service):
             self.count("trained_completion_tokens", sum(len(r.completion_ids) for r in fresh))
 
     def publish_batch(self, batch: TrainBatch) -> None:
+        """Send ``batch``; from then on the publisher keeps it until the broker acknowledges it."""
         self.send(BATCHES, self.claim_check(batch) if self.cfg.scheduler.claim_check else batch)
+        self.unpublished = None
         self.flush()
 
     def flush(self) -> None:
@@ -407,6 +450,7 @@ class Scheduler(Service):
         return {
             **{name: getattr(self, name) for name in self.SCALARS},
             "in_flight": {did: [f.problem, f.issued_at, f.attempt, f.group_size] for did, f in self.in_flight.items()},
+            "superseded": dict(self.superseded),
             "coords": {did: list(c) for did, c in self.coords.items()},
             "sampler": self.sampler.state_dict(),
             "trained": self.trained.copy(),
@@ -429,6 +473,7 @@ class Scheduler(Service):
         for name in self.SCALARS:
             setattr(self, name, state[name])
         self.in_flight = {did: InFlight(*v) for did, v in state["in_flight"].items()}
+        self.superseded = dict(state.get("superseded", {}))
         self.coords = {did: tuple(c) for did, c in state["coords"].items()}
         self.sampler.load_state_dict(state["sampler"])
         self.trained[:] = np.asarray(state["trained"], dtype=np.uint8)
@@ -441,13 +486,13 @@ class Scheduler(Service):
         """Write the state (and the batch about to be published), then commit the rollout
         offsets it covers."""
         replay = self.replay.state_dict()[1] if self.replay else []
-        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending)
+        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending, self.replay_log)
         self.archive.flush()  # what the committed offsets cover is archived, too
-        self.rollouts.commit()
+        self.deliver(self.rollouts)  # the dead letters they explain are on their topic first
         self.log.info("snapshot_written", uri=uri, seq=self.next_seq, in_flight=len(self.in_flight))
 
     def restore(self) -> None:
-        snap = read_snapshot(self.cfg.run.run_dir, self.check_state)
+        snap = read_snapshot(self.cfg.run.run_dir, self.check_state, self.replay_log)
         if snap is None:
             return
         self.load_state_dict(*snap)

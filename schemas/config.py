@@ -48,6 +48,7 @@ class KafkaConfig(Section):
     ssl_cafile: str | None = Field(None, description="CA bundle for SSL (a private cluster's CA).")
     max_message_bytes: int = Field(8 << 20, ge=1024, description="Largest message produced, fetched and allowed per topic.")
     session_timeout_ms: int = Field(10_000, ge=1000, description="Consumer-group session timeout; a group join takes about half of it.")
+    max_poll_interval_ms: int = Field(300_000, ge=10_000, description="Longest gap between a group member's polls before it loses its partitions: above the slowest learner step.")
     leave_group_on_close: bool = Field(True, description="A cleanly stopped member leaves its group at once (false for tansu 0.6).")
     partitions: int = Field(4, ge=1, le=10_000, description="Partitions of the problems and rollouts topics: at most one busy producer each.")
     replication_factor: int = Field(1, ge=1, description="Replication factor of the topics created at start.")
@@ -95,7 +96,6 @@ class SchedulerConfig(Section):
     tau_max: int = Field(10, ge=0, description="Rollouts more than tau_max policy versions old are never trained on.")
     max_batches_ahead: int = Field(2, ge=1, description="Batches published but not yet trained, at most.")
     claim_check: bool = Field(False, description="Batches name the rollout messages instead of copying them (fewer broker bytes).")
-    snapshot_every: int = Field(1, ge=1, description="Snapshot the scheduler's state every N batches (1: restarts are exact).")
 
     @field_validator("strategy")
     @classmethod

@@ -37,7 +37,13 @@ class Publisher(abc.ABC):
 
     @abc.abstractmethod
     def flush(self, timeout_s: float = 30.0) -> None:
-        """Block until all queued messages are acknowledged; raise TransportError if not."""
+        """Block until all queued messages are acknowledged; raise TransportError if not, keeping
+        the unacknowledged ones to send again at the next publish or flush."""
+
+    @property
+    def unacknowledged(self) -> int:
+        """Messages published and not yet acknowledged by the broker (kept to send again)."""
+        return 0
 
     def close(self) -> None:
         self.flush()

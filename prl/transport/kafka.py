@@ -14,6 +14,7 @@ import uuid
 import structlog
 
 from prl.transport.base import Message, Publisher, Reader, Subscriber, Transport, TransportError
+from prl.transport.kafka_internals import fatal_error, keep_finished_joins, stay_in_group_on_close
 from prl.schemas.topics import PROBLEMS, ROLLOUTS, TOPICS
 
 log = structlog.get_logger("transport.kafka")
@@ -23,11 +24,19 @@ USERNAME_ENV, PASSWORD_ENV = "PRL_KAFKA_USERNAME", "PRL_KAFKA_PASSWORD"
 # tansu 0.6 (the tests' broker) holds each fetch for most of the wait, so it sets every hop's
 # latency there (publish -> consume p99: 250 ms at 500, 54 ms at 100, 8 ms at 20; measured).
 FETCH_MAX_WAIT_MS = 100
+# Every blocking call into kafka-python is bounded, so a service cut off from the broker fails
+# its step (and says so) instead of hanging: a send waits at most BLOCK_MS for metadata or buffer
+# room, a request at most kafka-python's request_timeout_ms (30 s), flush and poll take timeouts.
+BLOCK_MS = 10_000
+# After failed connections kafka-python waits up to this long before trying a broker again. Its
+# default, 30 s, let a pipeline sit idle for up to 30 s after a network fault had healed.
+RECONNECT_BACKOFF_MAX_MS = 2_000
 
 
 def client_settings(cfg) -> dict:
     """Connection settings shared by producer, consumer and admin clients."""
-    out = {"bootstrap_servers": cfg.bootstrap_servers.split(","), "security_protocol": cfg.security_protocol}
+    out = {"bootstrap_servers": cfg.bootstrap_servers.split(","), "security_protocol": cfg.security_protocol,
+           "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS}
     if cfg.ssl_cafile:
         out["ssl_cafile"] = cfg.ssl_cafile
     if cfg.security_protocol.startswith("SASL"):
@@ -46,10 +55,19 @@ def topic_configs(spec, max_message_bytes: int) -> dict[str, str]:
 
 
 class KafkaPublisher(Publisher):
+    """An idempotent producer that keeps what the broker has not acknowledged.
+
+    A flush that fails raises TransportError and keeps every message not known to be on its
+    topic; the next ``publish`` or ``flush`` sends those again first, so they keep their order
+    ahead of newer ones. A service that commits its input only after a flush therefore never
+    commits past work that is not on a topic, however often the network fails in between (a
+    message sent twice is absorbed where state lives, DESIGN.md). A message still in flight when
+    the flush gave up is not sent again unless kafka-python reports it failed."""
+
     def __init__(self, cfg):
         self._cfg = cfg
         self._producer = self._new_producer()
-        self._pending = []
+        self._sent: list[list] = []  # [(topic, value, key, headers), future or None], oldest first, not yet acknowledged
 
     def _new_producer(self):
         from kafka import KafkaProducer
@@ -61,39 +79,66 @@ class KafkaPublisher(Publisher):
             compression_type="zstd",
             max_request_size=self._cfg.max_message_bytes,
             linger_ms=5,
+            max_block_ms=BLOCK_MS,
         )
 
+    @property
+    def unacknowledged(self) -> int:
+        return len(self._sent)
+
     def publish(self, topic, value, *, key=None, headers=()):
+        self._resend_failed()
+        self._sent.append([(topic, value, key, list(headers)), None])
+        self._send(self._sent[-1])
+
+    def _send(self, entry: list) -> None:
         from kafka.errors import KafkaError
 
+        topic, value, key, headers = entry[0]
         try:
-            self._pending.append(self._producer.send(topic, value=value, key=key, headers=list(headers)))
-        except KafkaError as exc:
+            entry[1] = self._producer.send(topic, value=value, key=key, headers=headers)
+        except KafkaError as exc:  # kept (future None): sent again by the next publish or flush
             self._renew_if_fatal()
             raise TransportError(f"send failed: {type(exc).__name__}: {exc}") from None
 
+    def _resend_failed(self) -> None:
+        for entry in self._sent:
+            if entry[1] is None or (entry[1].is_done and entry[1].failed()):
+                self._send(entry)
+
     def flush(self, timeout_s=30.0):
-        pending, self._pending = self._pending, []
+        self._resend_failed()
         try:
             self._producer.flush(timeout=timeout_s)
-            for fut in pending:
-                fut.get(timeout=timeout_s)
         except Exception as exc:  # kafka-python raises many KafkaError subclasses
-            self._renew_if_fatal()
+            self._keep_unacknowledged()
             raise TransportError(f"publish not acknowledged: {type(exc).__name__}: {exc}") from None
+        failed = self._keep_unacknowledged()
+        if failed:
+            raise TransportError(f"publish not acknowledged: {len(self._sent)} of the messages sent "
+                                 f"({type(failed).__name__}: {failed})")
+
+    def _keep_unacknowledged(self) -> Exception | None:
+        """Forget what the broker acknowledged; keep the rest to send again. Returns the first
+        failure kafka-python reported, if any."""
+        self._sent = [e for e in self._sent if e[1] is None or not e[1].is_done or e[1].failed()]
+        self._renew_if_fatal()
+        return next((e[1].exception for e in self._sent if e[1] is not None and e[1].is_done), None) or \
+            (TimeoutError("not acknowledged in time") if self._sent else None)
 
     def _renew_if_fatal(self) -> None:
         """Replace a producer that can no longer send. kafka-python's idempotent producer never
         leaves a fatal error state: after a broker restart that lost its producer state, the
         out-of-order sequence makes it bump its epoch, and a broker that answers that with an
         error (tansu on restored storage did, CI 2026-12-01) leaves every later send failing.
-        A new producer starts with a new producer id; the caller retries the publish, and what
-        the old one may have written twice is absorbed where state lives (DESIGN.md)."""
-        manager = getattr(self._producer, "_transaction_manager", None)
-        if manager is None or not manager.has_fatal_error():
+        A new producer starts with a new producer id and sends again everything not acknowledged;
+        what the old one may have written too is absorbed where state lives (DESIGN.md)."""
+        reason = fatal_error(self._producer)
+        if reason is None:
             return
-        log.warning("producer_renewed", reason=f"{type(manager.last_error).__name__}: {manager.last_error}"[:300])
-        self._pending = []
+        log.warning("producer_renewed", reason=reason[:300], unacknowledged=len(self._sent))
+        for entry in self._sent:
+            entry[1] = None  # the old producer's futures say nothing more: all go again
         try:
             self._producer.close(timeout=0)
         except Exception as exc:  # a broken producer may fail to close: it is dropped either way
@@ -124,45 +169,6 @@ def assignment_logger(group: str):
     return LogAssignment()
 
 
-JOIN_INTERNALS = ("_join_task", "_lock", "_generation", "_enable_heartbeat", "_on_join_complete_async", "join_group_async")
-
-
-def keep_finished_joins(coordinator) -> bool:
-    """Make a group member keep a join that finished while no ``poll()`` was waiting for it.
-
-    kafka-python 3 runs JoinGroup + SyncGroup as a task on its I/O thread but takes the result
-    only inside a ``poll()``, and ``join_group_async`` schedules a new task whenever the last one
-    is done: a join that finishes between two polls is thrown away and the member joins again
-    (upstream main has the same condition). The broker holds each JoinGroup until the group's
-    members have joined (tansu: about 2 s), so a member polled in short windows, or one that
-    works between polls, can go on rejoining: under CPU load, 9 of 40 two-member joins polled
-    alternately from one thread had no assignment after 30 s (CI failed on it once). The wrapper
-    completes a finished, successful join the way kafka-python completes one it awaited.
-    Returns False, changing nothing, on a kafka-python without these internals."""
-    if not all(hasattr(coordinator, name) for name in JOIN_INTERNALS):
-        return False
-    from kafka.coordinator.base import MemberState
-
-    rejoin = coordinator.join_group_async
-
-    async def join_group_async(timeout_ms=None):
-        task = coordinator._join_task
-        if task is None or not task.is_done or not task.succeeded():
-            return await rejoin(timeout_ms=timeout_ms)
-        coordinator._join_task = None
-        with coordinator._lock:
-            coordinator.rejoining = False
-            coordinator.rejoin_needed = False
-            coordinator.state = MemberState.STABLE
-            coordinator._enable_heartbeat()
-        generation = coordinator._generation
-        await coordinator._on_join_complete_async(generation.generation_id, generation.member_id, generation.protocol, task.value)
-        return True
-
-    coordinator.join_group_async = join_group_async
-    return True
-
-
 class KafkaSubscriber(Subscriber):
     def __init__(self, cfg, topics, group, from_beginning):
         from kafka import KafkaConsumer, TopicPartition
@@ -175,6 +181,7 @@ class KafkaSubscriber(Subscriber):
             fetch_max_bytes=max(cfg.max_message_bytes, 52428800),
             fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
             session_timeout_ms=cfg.session_timeout_ms,
+            max_poll_interval_ms=cfg.max_poll_interval_ms,
             heartbeat_interval_ms=max(100, cfg.session_timeout_ms // 4),
             client_id=f"prl-{uuid.uuid4().hex[:8]}",
         )
@@ -250,12 +257,9 @@ class KafkaSubscriber(Subscriber):
 
     def close(self):
         if self.group is not None and not self.leave_group:
-            # kafka-python has no public switch for this: with its generation reset it sends no
-            # LeaveGroup. A release without that method leaves the group, and says so.
-            reset = getattr(getattr(self._consumer, "_coordinator", None), "reset_generation", None)
-            if reset is not None:
-                reset()
-            else:
+            # kafka-python has no public switch for this (kafka_internals.py); a release without
+            # the method it uses leaves the group, and says so.
+            if not stay_in_group_on_close(self._consumer):
                 log.warning("leaves_group_on_close", group=self.group,
                             reason="this kafka-python has no coordinator.reset_generation; leave_group_on_close=false is not honoured")
         self._consumer.close(autocommit=False)

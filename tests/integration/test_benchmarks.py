@@ -21,6 +21,8 @@ SMALL = {
     "scale": pytest.param(["--producers", "1", "--seconds", "3", "--tokens", "50", "--max-in-flight", "64",
                            "--groups-per-batch", "4", "--modes", "copy", "claim_check"], marks=pytest.mark.kafka),
     "weights": ["--steps", "2", "--lr", "1e-5"],
+    "snapshots": ["--buffer", "400", "--tokens", "50", "--fresh", "32", "--problems", "100", "--steps", "2"],
+    "faults": pytest.param(["--runs", "1", "--fault-seconds", "6"], marks=pytest.mark.kafka),
     "real": pytest.param(["--seeds", "1", "--minutes", "0.5", "--long-tokens", "0", "--set", 'producer.backend="transformers"'],
                          marks=pytest.mark.real),
 }

@@ -66,11 +66,14 @@ class Process:
 
 
 class KafkaBroker(Process):
-    def __init__(self, storage: str = "memory://tansu/", env: dict | None = None, port: int | None = None, log_path=None):
+    def __init__(self, storage: str = "memory://tansu/", env: dict | None = None, port: int | None = None, log_path=None,
+                 advertised_port: int | None = None):
+        """``advertised_port``: the port clients are told to connect to (a proxy's); default ``port``."""
         self.port = port or free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.bootstrap = f"127.0.0.1:{advertised_port or self.port}"
         url = f"tcp://127.0.0.1:{self.port}"
-        super().__init__([tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+        super().__init__([tansu_binary(), "broker", "--listener-url", url,
+                          "--advertised-listener-url", f"tcp://127.0.0.1:{advertised_port or self.port}",
                           "--storage-engine", storage], env=env, log_path=log_path)
         wait_until(lambda: port_open(self.port), 20, "the tansu broker to listen")
 

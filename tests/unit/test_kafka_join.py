@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from kafka.coordinator.base import MemberState
 from kafka.future import Future
 
-from prl.transport.kafka import keep_finished_joins
+from prl.transport.kafka_internals import keep_finished_joins
 
 
 def coordinator(join_task):

@@ -1,25 +1,32 @@
-"""How the Kafka publisher comes back from a producer that can no longer send, without a broker:
-kafka-python's producer is replaced by a stand-in that fails as a fatally broken one does."""
+"""What the Kafka publisher does when the broker does not acknowledge, without a broker:
+kafka-python's producer is replaced by a stand-in whose futures succeed, fail or stay pending
+as told, and which can fall into the fatal state of kafka-python's idempotent producer."""
 
 from types import SimpleNamespace
 
 import kafka
 import pytest
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.future import Future
 from structlog.testing import capture_logs
 
 from prl.transport.base import TransportError
 from prl.transport.kafka import KafkaPublisher
 
+FATAL = KafkaError("Unexpected error in InitProducerIdResponse: [Error -1] UnknownError")
+
 
 class StandInProducer:
-    """Sends until told it is broken; then, as kafka-python's idempotent producer in its fatal
-    state, every send and every flush fails, and its transaction manager says why."""
+    """Sends until told it is broken; a flush settles every pending future as ``outcome`` says
+    (``ok``, ``fail``: the broker refused, ``hang``: nothing came back in time). Broken, as
+    kafka-python's idempotent producer in its fatal state, every send and flush fails, and its
+    transaction manager says why."""
 
     made: list["StandInProducer"] = []
 
     def __init__(self, **settings):
-        self.settings, self.sent, self.closed, self.fatal = settings, [], False, None
+        self.settings, self.sent, self.closed, self.fatal, self.outcome = settings, [], False, None, "ok"
+        self.pending: list[Future] = []
         self._transaction_manager = SimpleNamespace(has_fatal_error=lambda: self.fatal is not None, last_error=None)
         StandInProducer.made.append(self)
 
@@ -31,12 +38,18 @@ class StandInProducer:
         if self.fatal:
             raise KafkaError(f"Cannot perform send because at least one previous transactional or idempotent "
                              f"request has failed with errors: {self.fatal}")
-        self.sent.append((topic, value))
-        return SimpleNamespace(get=lambda timeout: None)
+        self.sent.append(value)
+        self.pending.append(Future())
+        return self.pending[-1]
 
     def flush(self, timeout=None):
         if self.fatal:
-            raise KafkaError("Unexpected error in InitProducerIdResponse: [Error -1] UnknownError")
+            raise FATAL
+        if self.outcome == "hang":
+            raise KafkaTimeoutError("Timeout after waiting for 30 secs.")
+        for future in self.pending:
+            future.success(None) if self.outcome == "ok" else future.failure(KafkaError("NotLeaderForPartitionError"))
+        self.pending = []
 
     def close(self, timeout=None):
         self.closed = True
@@ -52,28 +65,44 @@ def publisher(monkeypatch):
 
 
 @pytest.mark.parametrize("breaks", ["before the send", "before the flush"])
-def test_a_producer_in_a_fatal_state_is_replaced_and_the_retried_publish_goes_through(publisher, breaks):
-    first, fatal = StandInProducer.made[0], KafkaError("Unexpected error in InitProducerIdResponse: [Error -1] UnknownError")
+def test_a_producer_in_a_fatal_state_is_replaced_and_what_it_did_not_deliver_goes_again(publisher, breaks):
+    first = StandInProducer.made[0]
     publisher.publish("run.rollouts", b"a")
     publisher.flush()
     with capture_logs() as logs, pytest.raises(TransportError):
         if breaks == "before the send":
-            first.break_(fatal)
+            first.break_(FATAL)
         publisher.publish("run.rollouts", b"b")
-        first.break_(fatal)
+        first.break_(FATAL)
         publisher.flush()
     assert first.closed and len(StandInProducer.made) == 2
     assert [e["event"] for e in logs] == ["producer_renewed"] and "UnknownError" in logs[0]["reason"]
-    publisher.publish("run.rollouts", b"b")  # the caller's retry
-    publisher.flush()
-    assert StandInProducer.made[1].sent == [("run.rollouts", b"b")]
+    assert publisher.unacknowledged == 1
+    publisher.flush()  # the service's next step: no publish of its own needed
+    assert StandInProducer.made[1].sent == [b"b"] and publisher.unacknowledged == 0
     assert StandInProducer.made[1].settings == first.settings  # the same client settings: acks, idempotence
 
 
-def test_a_failure_that_is_not_fatal_keeps_the_producer(publisher, monkeypatch):
-    first = StandInProducer.made[0]
-    monkeypatch.setattr(first, "flush", lambda timeout=None: (_ for _ in ()).throw(KafkaError("broker away")))
-    publisher.publish("run.rollouts", b"a")
-    with pytest.raises(TransportError, match="broker away"):
+def test_a_refused_message_is_kept_and_sent_again_before_newer_ones(publisher):
+    producer = StandInProducer.made[0]
+    producer.outcome = "fail"
+    publisher.publish("run.batches", b"batch 7")
+    with pytest.raises(TransportError, match="NotLeaderForPartitionError"):
         publisher.flush()
-    assert len(StandInProducer.made) == 1 and not first.closed
+    assert publisher.unacknowledged == 1 and len(StandInProducer.made) == 1 and not producer.closed
+    producer.outcome = "ok"
+    publisher.publish("run.batches", b"batch 8")
+    publisher.flush()
+    assert producer.sent == [b"batch 7", b"batch 7", b"batch 8"] and publisher.unacknowledged == 0
+
+
+def test_a_message_still_in_flight_when_the_flush_gave_up_is_not_sent_twice(publisher):
+    producer = StandInProducer.made[0]
+    producer.outcome = "hang"
+    publisher.publish("run.rollouts", b"group")
+    with pytest.raises(TransportError, match="KafkaTimeoutError"):
+        publisher.flush()
+    assert publisher.unacknowledged == 1
+    producer.outcome = "ok"  # the broker answers late: kafka-python's own retry delivered it
+    publisher.flush()
+    assert producer.sent == [b"group"] and publisher.unacknowledged == 0

@@ -1,0 +1,138 @@
+"""At least once through failed publishes, services alive: a publish the broker does not
+acknowledge is kept and sent again by the next step, and nothing is committed past it (the
+in-memory broker behind a publisher that fails as told; tests/integration/test_faults.py runs
+the same over a real broker through a failing network)."""
+
+import pytest
+
+from prl.transport import TransportError
+from prl.transport.memory import MemoryBroker, MemoryPublisher, MemoryTransport
+from prl.schemas import Dispatch, RolloutGroup, TrainBatch, decode, topic_name
+from prl.schemas.topics import BATCHES, PROBLEMS, ROLLOUTS
+from tests.integration.test_pipeline import small_config
+from tests.support.servers import wait_until
+
+
+class FailingPublisher(MemoryPublisher):
+    """Holds what is published until a flush; ``failures`` flushes in a row fail and keep it
+    all (as KafkaPublisher keeps what the broker did not acknowledge)."""
+
+    def __init__(self, broker: MemoryBroker):
+        super().__init__(broker)
+        self.held: list[tuple] = []
+        self.failures = 0
+
+    @property
+    def unacknowledged(self) -> int:
+        return len(self.held)
+
+    def publish(self, topic, value, *, key=None, headers=()):
+        self.held.append((topic, value, key, headers))
+
+    def flush(self, timeout_s=30.0):
+        if self.failures:
+            self.failures -= 1
+            raise TransportError("publish not acknowledged: KafkaTimeoutError")
+        for topic, value, key, headers in self.held:
+            self.broker.append(topic, value, key, headers)
+        self.held = []
+
+
+def records(broker: MemoryBroker, topic: str, cls) -> list:
+    return [decode(m.value, cls) for part in broker.partitions(topic) for m in part]
+
+
+@pytest.fixture
+def pipeline(tmp_path):
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
+
+    cfg = small_config(tmp_path, **{"scheduler.replay.ratio": 0})
+    broker = MemoryBroker()
+    transport = MemoryTransport(broker)
+    transport.ensure_topics(cfg.run.name)
+    scheduler, producer = Scheduler(cfg, transport), Producer(cfg, transport)
+    return cfg, broker, scheduler, producer
+
+
+def test_a_producer_commits_no_dispatch_whose_group_the_broker_did_not_take(pipeline):
+    cfg, broker, scheduler, producer = pipeline
+    scheduler.step()
+    dispatched = records(broker, topic_name(cfg.run.name, PROBLEMS), Dispatch)
+    producer.publisher = FailingPublisher(broker)
+    producer.publisher.failures = 2
+    for _ in range(2):  # the broker away for two steps: the service loop tries again
+        with pytest.raises(TransportError):
+            producer.step()
+        assert not broker.committed, "a dispatch was committed while its group was not on the topic"
+    producer.step()
+    answered = {g.dispatch_id for g in records(broker, topic_name(cfg.run.name, ROLLOUTS), RolloutGroup)}
+    assert answered == {d.dispatch_id for d in dispatched}  # every dispatch answered, once: no new ones taken first
+    assert sum(broker.committed.values()) == len(dispatched)
+
+
+def test_a_batch_the_broker_did_not_take_is_published_again_without_a_restart(pipeline):
+    """The flush before the snapshot's commit fails (the batch not sent yet), then the flush
+    after the batch was sent: each retried step sends what is missing, and the learner's topic
+    gets every batch, in order, once."""
+    cfg, broker, scheduler, producer = pipeline
+    scheduler.step()
+    producer.step()
+    scheduler.publisher = FailingPublisher(broker)
+    scheduler.publisher.failures = 3
+    batches = topic_name(cfg.run.name, BATCHES)
+    for _ in range(3):
+        with pytest.raises(TransportError):
+            scheduler.step()
+        assert not records(broker, batches, TrainBatch)
+    scheduler.step()
+    assert scheduler.next_seq == 2  # both groups of four composed while the broker was away
+    assert [b.seq for b in records(broker, batches, TrainBatch)] == [0, 1]
+
+
+def test_a_late_answer_to_a_timed_out_dispatch_is_used_and_its_reissue_is_not(tmp_path):
+    """Every dispatch times out before the producer answers; the producer then answers the old
+    dispatches and their reissues: each problem's first answer is used (late or not), the other
+    is a duplicate, and no problem's group is taken twice."""
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
+
+    cfg = small_config(tmp_path, **{"scheduler.replay.ratio": 0, "producer.max_dispatches_per_call": 64})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    scheduler, producer = Scheduler(cfg, transport), Producer(cfg, transport)
+    scheduler.step()
+    first = dict(scheduler.in_flight)
+    for flight in first.values():
+        flight.issued_at -= 2 * cfg.scheduler.dispatch_timeout_s  # past its timeout
+    scheduler.redispatch_timed_out()
+    scheduler.flush()
+    assert scheduler.counters["redispatched"] == len(first) and not set(first) & set(scheduler.in_flight)
+    producer.step()  # answers the old dispatches and the new ones
+    scheduler.accept_rollouts()
+    taken = [g.problem_id for g in scheduler.fresh]
+    assert scheduler.counters["late_results_used"] == len(first)
+    assert sorted(taken) == sorted({g.problem_id for g in scheduler.fresh}), "a problem's group taken twice"
+    assert scheduler.counters["duplicate_or_unknown_results"] == len(first)
+
+
+def test_a_problem_nobody_answers_is_retired_after_its_capped_attempts(tmp_path):
+    """No producer: each dispatch is issued again with a doubling timeout, MAX_DISPATCH_ATTEMPTS
+    times in all; then the problems are retired, and the scheduler stops saying why."""
+    from prl.scheduler.service import MAX_DISPATCH_ATTEMPTS, NoProblemsLeft, Scheduler
+
+    cfg = small_config(tmp_path, **{"scheduler.dispatch_timeout_s": 0.001})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    scheduler = Scheduler(cfg, transport)
+
+    def stepped_out():
+        try:
+            scheduler.step()
+        except NoProblemsLeft as exc:
+            return str(exc)
+
+    reason = wait_until(stepped_out, 60, "every problem retired")
+    assert "TimedOut" in reason and "dispatch_timeout_s" in reason
+    retired = scheduler.counters["problems_retired"]
+    assert scheduler.counters["dispatched"] == MAX_DISPATCH_ATTEMPTS * retired
