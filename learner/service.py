@@ -32,6 +32,7 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
+from prl import epochs
 from prl.learner import checkpoint, distributed
 from prl.learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
 from prl.learner.train import make_optimizer, train_step
@@ -89,6 +90,7 @@ class Learner(Service):
         if self.is_main:
             self.log_precision()
         self.source, self.exhausted, self.groups = None, False, None  # groups: claim-check batches' rollouts, made on first use
+        self.epoch = epochs.claim(cfg.run.run_dir, "learner") if self.is_main else 0  # a learner before this one is fenced
         if self.is_main:
             self.source = FileSource(batches_from) if batches_from else \
                 TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
@@ -167,6 +169,7 @@ class Learner(Service):
             return {}
         if not self.is_main:
             return {}
+        self.stop_if_replaced()
         t0 = time.perf_counter()
         while sum(not f.done() for _, _, f in self.outgoing) >= UNWRITTEN_VERSIONS:  # the writer is behind
             next(f for _, _, f in self.outgoing if not f.done()).exception()  # wait for its oldest version
@@ -189,7 +192,7 @@ class Learner(Service):
             written = future.result()  # a write that failed stops the learner: nothing unwritten is announced
             self.emit({"version_bytes": written.bytes, "write_seconds": written.seconds, f"version_kind/{written.kind}": 1},
                       step=version)
-            self.announce(PolicyVersion(version, written.uri, last_seq, time.time(), written.kind, written.checksum))
+            self.announce(PolicyVersion(version, written.uri, last_seq, time.time(), written.kind, written.checksum, self.epoch))
 
     def announce_start(self) -> None:
         """Say where the learner starts: the base model (a fresh run), or the version of the
@@ -199,7 +202,7 @@ class Learner(Service):
         written and not announced: a scheduler that waits for it to send more batches would
         otherwise wait for good, since this learner never announces that number."""
         if self.version == 0:
-            self.announce(PolicyVersion(0, "", -1, time.time()))
+            self.announce(PolicyVersion(0, "", -1, time.time(), epoch=self.epoch))
         else:
             self.announce_stored(self.version, self.last_seq)
         for version in range(self.published, self.version, -1):
@@ -217,7 +220,7 @@ class Learner(Service):
         last_seq = meta.get("last_batch_seq") if last_seq is None else last_seq
         if not isinstance(last_seq, int) or last_seq < self.last_seq:
             return False
-        self.announce(PolicyVersion(version, uri, last_seq, time.time(), meta["kind"], meta["checksum"]))
+        self.announce(PolicyVersion(version, uri, last_seq, time.time(), meta["kind"], meta["checksum"], self.epoch))
         return True
 
     def announce(self, record: PolicyVersion) -> None:
@@ -288,6 +291,8 @@ class Learner(Service):
             return "stale_batch", f"every rollout is older than tau_max at version {self.version}"
         if problem := self.out_of_vocabulary(batch):
             return "invalid_value", problem
+        if isinstance(self.source, TopicSource) and (problem := epochs.fenced(self.cfg.run.run_dir, "scheduler", batch.epoch)):
+            return "fenced_epoch", problem
         return None
 
     def commit_if_checkpointed(self) -> None:
@@ -358,7 +363,15 @@ class Learner(Service):
         while len(self.trained) > TRAINED_MEMORY:
             self.trained.popitem(last=False)
 
+    def stop_if_replaced(self) -> None:
+        """ServiceStopped once a newer learner has claimed the run: this one writes nothing more."""
+        if newer := epochs.fenced(self.cfg.run.run_dir, "learner", self.epoch):
+            raise ServiceStopped(f"another learner took over this run ({newer}): this one stops without writing "
+                                 "(one learner per run: check that its StatefulSet has one replica)")
+
     def save(self) -> None:
+        if self.is_main:
+            self.stop_if_replaced()
         state = {"last_batch_seq": self.last_seq, "rollouts_generated": self.rollouts_generated, "counters": self.counters,
                  "trained_rollouts": list(self.trained)}
         self.checkpoint_uri = checkpoint.write_checkpoint(

@@ -128,6 +128,6 @@ def resolve_batch(record, cache: GroupCache, rollouts_topic: str | None = None,
         rollouts.append(TrainRollout(ref.rollout_id, g.problem_id, g.policy_version, ref.is_replay, ref.advantage, r.reward,
                                      g.temperature, g.prompt_ids, r.completion_ids, r.logprobs))
     batch = TrainBatch(record.batch_id, record.seq, record.learner_version, record.rollouts_generated, rollouts,
-                       record.created_at)
+                       record.created_at, record.epoch)
     batch.validate()
     return batch, fetched, cached

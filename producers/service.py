@@ -26,6 +26,7 @@ import os
 import socket
 import time
 
+from prl import epochs
 from prl.devices import choose_device
 from prl.formulas import has_signal
 from prl.generation import Request, make_backend
@@ -218,6 +219,9 @@ class Producer(Service):
         quietly if the learner has pruned it after newer ones) and return False."""
         if problem := version_problem(record.uri, self.cfg.run.run_dir, record.version):
             self.reject(msg, "version_outside_run", problem)
+            return False
+        if problem := epochs.fenced(self.cfg.run.run_dir, "learner", record.epoch):
+            self.reject(msg, "fenced_epoch", problem)
             return False
         t0 = time.perf_counter()
         try:

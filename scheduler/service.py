@@ -21,6 +21,7 @@ that version's evaluation, snapshots and finishes.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections import deque
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prl import epochs
 from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
 from prl.trust import version_problem
@@ -121,6 +123,7 @@ class Scheduler(Service):
         self.heldout = refuse_overlap(heldout_problems(cfg.task), self.index)
         self.evaluator = Evaluator(self.heldout, cfg, self.send_evaluation, self.emit_evaluation, self.log)
         self.asked: deque[int] = deque()  # versions a caller wants evaluated (prl run's last), taken in step()
+        self.epoch = epochs.claim(cfg.run.run_dir, "scheduler")  # a scheduler before this one is fenced
         self.restore()
         if self.evaluator.due(self.learner_version):
             self.evaluator.start(self.learner_version, self.rollouts_generated)  # the policy the run starts from
@@ -174,6 +177,9 @@ class Scheduler(Service):
                 continue
             if problem := self.implausible(record):
                 self.reject(msg, "implausible_policy", problem)
+                continue
+            if problem := epochs.fenced(self.cfg.run.run_dir, "learner", record.epoch):
+                self.reject(msg, "fenced_epoch", problem)
                 continue
             self.learner_version = record.version
             self.learner_last_seq = max(self.learner_last_seq, record.last_batch_seq)
@@ -362,7 +368,9 @@ class Scheduler(Service):
             self.count("trained_completion_tokens", sum(len(r.completion_ids) for r in fresh))
 
     def publish_batch(self, batch: TrainBatch) -> None:
-        """Send ``batch``; from then on the publisher keeps it until the broker acknowledges it."""
+        """Send ``batch`` with this scheduler's epoch; from then on the publisher keeps it until
+        the broker acknowledges it."""
+        batch = dataclasses.replace(batch, epoch=self.epoch)
         self.send(BATCHES, self.claim_check(batch) if self.cfg.scheduler.claim_check else batch)
         self.unpublished = None
         self.flush()
@@ -391,7 +399,7 @@ class Scheduler(Service):
                                    r.advantage))
         self.prune_coords()
         return TrainBatchRefs(batch.batch_id, batch.seq, batch.learner_version, batch.rollouts_generated, refs,
-                              batch.created_at)
+                              batch.created_at, batch.epoch)
 
     def prune_coords(self) -> None:
         """Forget where groups are once no fresh group or replayable rollout needs them."""
@@ -484,7 +492,10 @@ class Scheduler(Service):
 
     def snapshot(self, pending: TrainBatch | None = None) -> None:
         """Write the state (and the batch about to be published), then commit the rollout
-        offsets it covers."""
+        offsets it covers. A scheduler that a newer one replaced stops instead (ServiceStopped)."""
+        if newer := epochs.fenced(self.cfg.run.run_dir, "scheduler", self.epoch):
+            raise ServiceStopped(f"another scheduler took over this run ({newer}): this one stops without writing "
+                                 "(one scheduler per run: check that its Deployment has one replica)")
         replay = self.replay.state_dict()[1] if self.replay else []
         uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending, self.replay_log)
         self.archive.flush()  # what the committed offsets cover is archived, too

@@ -251,9 +251,10 @@ class TrainRollout:
         return len(self.prompt_ids) + len(self.completion_ids)
 
 
-@record("train_batch")
+@record("train_batch", schema_version=2)
 class TrainBatch:
-    """One optimizer step's worth of rollouts: fresh ones first, then replayed ones."""
+    """One optimizer step's worth of rollouts: fresh ones first, then replayed ones. ``epoch``:
+    the scheduler's that composed it (prl/epochs.py). Schema version 2: version 1 had no epoch."""
 
     batch_id: str
     seq: int
@@ -261,9 +262,10 @@ class TrainBatch:
     rollouts_generated: int
     rollouts: list[TrainRollout]
     created_at: float = 0.0
+    epoch: int = 0
 
     def validate(self) -> None:
-        _require(0 <= self.seq <= MAX_COUNT, "invalid_value", "seq out of range")
+        _require(0 <= self.seq <= MAX_COUNT and 0 <= self.epoch <= MAX_COUNT, "invalid_value", "seq or epoch out of range")
         _require(0 <= self.learner_version <= MAX_COUNT, "invalid_value", "learner_version out of range")
         _require(0 <= self.rollouts_generated <= 1 << 62, "invalid_value", "rollouts_generated out of range")
         _require(len(self.rollouts) > 0, "invalid_value", "no rollouts")
@@ -292,10 +294,11 @@ class RolloutRef:
     advantage: Float32
 
 
-@record("train_batch_refs")
+@record("train_batch_refs", schema_version=2)
 class TrainBatchRefs:
     """A claim-check TrainBatch: references to the rollouts instead of copies of their tokens
-    (the learner fetches the groups from the rollouts topic). Fresh references first."""
+    (the learner fetches the groups from the rollouts topic). Fresh references first. Schema
+    version 2: version 1 had no epoch."""
 
     batch_id: str
     seq: int
@@ -303,9 +306,10 @@ class TrainBatchRefs:
     rollouts_generated: int
     refs: list[RolloutRef]
     created_at: float = 0.0
+    epoch: int = 0
 
     def validate(self) -> None:
-        _require(0 <= self.seq <= MAX_COUNT, "invalid_value", "seq out of range")
+        _require(0 <= self.seq <= MAX_COUNT and 0 <= self.epoch <= MAX_COUNT, "invalid_value", "seq or epoch out of range")
         _require(0 <= self.learner_version <= MAX_COUNT, "invalid_value", "learner_version out of range")
         _require(0 <= self.rollouts_generated <= 1 << 62, "invalid_value", "rollouts_generated out of range")
         _require(len(self.refs) > 0, "invalid_value", "no rollouts")
@@ -318,13 +322,14 @@ class TrainBatchRefs:
 VERSION_KINDS = ("full", "delta", "adapter")
 
 
-@record("policy_version", schema_version=2)
+@record("policy_version", schema_version=3)
 class PolicyVersion:
     """The learner announces a policy version: ``uri`` is its directory under the run's policy
     root (prl/policy.py; empty for version 0, the base model), ``kind`` what it holds (a full
     set of weights, a delta against version - 1, or a LoRA adapter) and ``weights_checksum``
-    the CRC-32C of the weights it rebuilds to, which a producer checks before serving them.
-    Schema version 2: version 1 named a checkpoint and carried no checksum."""
+    the CRC-32C of the weights it rebuilds to, which a producer checks before serving them;
+    ``epoch`` the learner's (prl/epochs.py). Schema version 3: version 1 named a checkpoint and
+    carried no checksum, version 2 no epoch."""
 
     version: int
     uri: str
@@ -332,9 +337,10 @@ class PolicyVersion:
     created_at: float = 0.0
     kind: str = ""
     weights_checksum: str = ""
+    epoch: int = 0
 
     def validate(self) -> None:
-        _require(self.version >= 0, "invalid_value", "negative version")
+        _require(self.version >= 0 and 0 <= self.epoch <= MAX_COUNT, "invalid_value", "negative version or epoch out of range")
         _require(self.version <= MAX_COUNT and -1 <= self.last_batch_seq <= MAX_COUNT, "invalid_value", "version out of range")
         _require(not self.uri or (self.kind in VERSION_KINDS and CHECKSUM.fullmatch(self.weights_checksum) is not None),
                  "invalid_value", "a version with weights names their kind and checksum")

@@ -131,7 +131,8 @@ def as_batch(record, groups) -> TrainBatch:
         r = g.rollouts[ref.index]
         rollouts.append(TrainRollout(ref.rollout_id, g.problem_id, g.policy_version, ref.is_replay, ref.advantage, r.reward,
                                      g.temperature, g.prompt_ids, r.completion_ids, r.logprobs))
-    return TrainBatch(record.batch_id, record.seq, record.learner_version, record.rollouts_generated, rollouts)
+    return TrainBatch(record.batch_id, record.seq, record.learner_version, record.rollouts_generated, rollouts,
+                      record.created_at, record.epoch)
 
 
 def read_topic(bootstrap: str, topic: str, cls) -> list:

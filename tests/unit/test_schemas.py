@@ -162,7 +162,7 @@ def test_an_announcement_of_schema_version_1_is_refused():
     old = (pathlib.Path(__file__).parent / "data" / "wire-v1" / "policy_version.arrow").read_bytes()
     with pytest.raises(DecodeError) as exc:
         decode(old)
-    assert exc.value.reason == "wrong_schema_version" and "want 2" in str(exc.value)
+    assert exc.value.reason == "wrong_schema_version" and "want 3" in str(exc.value)
 
 
 def test_an_announcement_with_weights_names_their_kind_and_checksum():
