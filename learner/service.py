@@ -327,6 +327,7 @@ class Learner(Service):
         stats.update(lr=self.optimizer.param_groups[0]["lr"], train_seconds=time.perf_counter() - t0,
                      **self.age_metrics(usable), mean_reward=sum(r.reward for r in usable) / len(usable),
                      stale_dropped=self.counters.get("stale_dropped", 0))
+        self.warn_if_slower_than_poll_interval(stats["train_seconds"])
         self.version += 1
         self.last_seq = batch.seq
         if self.is_main:  # logged before the checkpoint: a step that is durable is always in the log
@@ -339,6 +340,14 @@ class Learner(Service):
             stats["checkpoint_seconds"] = time.perf_counter() - t1
         self.last_stats = stats
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
+
+    def warn_if_slower_than_poll_interval(self, seconds: float) -> None:
+        """A step that takes more than half of the consumer group's poll interval risks the
+        learner's partitions being taken away mid-step: say which setting to raise."""
+        limit_s = self.cfg.transport.kafka.max_poll_interval_ms / 1000
+        if seconds > limit_s / 2:
+            self.log.warning("step_near_poll_interval", seconds=round(seconds, 1), max_poll_interval_s=limit_s,
+                             fix="raise transport.kafka.max_poll_interval_ms above twice the slowest step")
 
     def usable_rollouts(self, batch: TrainBatch) -> tuple[list, int, int]:
         """(rollouts to train on, stale dropped, repeats dropped): older than tau_max at this

@@ -28,9 +28,11 @@ def _dir(run_dir: str, role: str) -> tuple:
 def newest(run_dir: str, role: str) -> int:
     """The newest epoch ``role`` has claimed in this run (0: none yet)."""
     fs, path = _dir(run_dir, role)
-    if not fs.exists(path):
+    fs.invalidate_cache(path)  # s3fs caches listings: another process's claim would go unseen
+    try:
+        names = [p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
+    except FileNotFoundError:
         return 0
-    names = (p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
     return max((int(n[6:]) for n in names if n.startswith("epoch-") and n[6:].isdigit()), default=0)
 
 

@@ -507,11 +507,9 @@ class Scheduler(Service):
         if snap is None:
             return
         self.load_state_dict(*snap)
-        pending = snap[3]
-        if pending is not None:  # it may or may not have reached the topic before the restart
-            self.publish_batch(pending)
+        self.unpublished = snap[3]  # it may or may not have reached the topic: the first step sends it again
         self.log.info("snapshot_restored", seq=self.next_seq, in_flight=len(self.in_flight), fresh=len(self.fresh),
-                      republished_seq=pending.seq if pending is not None else None)
+                      pending_seq=self.unpublished.seq if self.unpublished is not None else None)
 
     def batch_metrics(self, batch) -> dict:
         rates = self.sampler.success_rates()

@@ -87,9 +87,8 @@ class KafkaPublisher(Publisher):
         return len(self._sent)
 
     def publish(self, topic, value, *, key=None, headers=()):
+        self._sent.append([(topic, value, key, list(headers)), None])  # kept from here on, whatever fails
         self._resend_failed()
-        self._sent.append([(topic, value, key, list(headers)), None])
-        self._send(self._sent[-1])
 
     def _send(self, entry: list) -> None:
         from kafka.errors import KafkaError
@@ -102,6 +101,7 @@ class KafkaPublisher(Publisher):
             raise TransportError(f"send failed: {type(exc).__name__}: {exc}") from None
 
     def _resend_failed(self) -> None:
+        """Send, oldest first, every kept message not sent yet or reported failed."""
         for entry in self._sent:
             if entry[1] is None or (entry[1].is_done and entry[1].failed()):
                 self._send(entry)

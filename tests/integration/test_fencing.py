@@ -63,7 +63,7 @@ def test_a_replaced_scheduler_gets_no_batch_trained_and_stops(run):
     zombie = dataclasses.replace(trained, batch_id="zombie", seq=learner.last_seq + 1,
                                  rollouts=[dataclasses.replace(r, is_replay=True) for r in trained.rollouts])
     old.publish_batch(zombie)  # what the first one sends before it notices: the batch the learner expects next
-    version = learner.version  # the new one's first act, its pending batch sent again, is a duplicate the learner skips
+    version = learner.version
     wait_until(lambda: learner.step() or ("learner", "fenced_epoch") in dead_letters(broker, cfg), 30, "the zombie's batch refused")
     assert learner.version == version
     with pytest.raises(ServiceStopped, match="another scheduler took over"):

@@ -106,3 +106,19 @@ def test_a_message_still_in_flight_when_the_flush_gave_up_is_not_sent_twice(publ
     producer.outcome = "ok"  # the broker answers late: kafka-python's own retry delivered it
     publisher.flush()
     assert producer.sent == [b"group"] and publisher.unacknowledged == 0
+
+
+def test_a_message_whose_send_failed_is_kept_behind_the_older_ones(publisher):
+    producer = StandInProducer.made[0]
+    producer.outcome = "fail"
+    publisher.publish("run.rollouts", b"group 1")
+    with pytest.raises(TransportError):
+        publisher.flush()
+    real_send = producer.send
+    producer.send = lambda *a, **k: (_ for _ in ()).throw(KafkaTimeoutError("Failed to update metadata after 10.0 secs."))
+    with pytest.raises(TransportError, match="send failed"):
+        publisher.publish("run.rollouts", b"group 2")  # the broker is still away
+    assert publisher.unacknowledged == 2
+    producer.send, producer.outcome = real_send, "ok"
+    publisher.flush()
+    assert producer.sent == [b"group 1", b"group 1", b"group 2"] and publisher.unacknowledged == 0
