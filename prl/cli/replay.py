@@ -204,11 +204,17 @@ def to_batches(groups: list[RolloutGroup], cfg) -> list[TrainBatch]:
 
 
 def publish(cfg, transport, uri: str, rate: float, progress: bool = True) -> int:
-    """Archived groups as batches on ``<run>.batches``, at most ``rate`` batches per second."""
+    """Archived groups as batches on ``<run>.batches``, at most ``rate`` batches per second. The
+    command is the run's batch writer while it publishes: it claims a scheduler epoch (a running
+    scheduler of the run is fenced) and stamps it on every batch."""
+    import dataclasses
+
+    from prl import epochs
     from prl.schemas import encode, headers
     from prl.schemas.topics import BATCHES, topic_name
 
-    batches = to_batches(load_groups(uri), cfg)
+    epoch = epochs.claim(cfg.run.run_dir, "scheduler")
+    batches = [dataclasses.replace(b, epoch=epoch) for b in to_batches(load_groups(uri), cfg)]
     transport.ensure_topics(cfg.run.name)
     pub = transport.publisher()
     with _progress(len(batches), "publish", progress, unit="batch") as bar:
