@@ -27,9 +27,12 @@ def clipped_surrogate(
     return torch.where(advantage < 0, torch.minimum(pg_loss, pg_loss3), pg_loss)
 
 
-def is_clipped(ratio: torch.Tensor, advantage: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
-    """Where the clip takes the gradient away: r < 1-low with A < 0, or r > 1+high with A > 0."""
-    return ((ratio < 1 - clip_low) & (advantage < 0)) | ((ratio > 1 + clip_high) & (advantage > 0))
+def is_clipped(ratio: torch.Tensor, advantage: torch.Tensor, clip_low: float, clip_high: float,
+               dual_clip: float) -> torch.Tensor:
+    """Where a clip takes the gradient away: r < 1-low with A < 0, r > 1+high with A > 0, or
+    r > c with A < 0 (the dual clip)."""
+    return ((ratio < 1 - clip_low) & (advantage < 0)) | ((ratio > 1 + clip_high) & (advantage > 0)) | \
+        ((ratio > dual_clip) & (advantage < 0))
 
 
 def approx_kl(ratio: torch.Tensor, logratio: torch.Tensor) -> torch.Tensor:
@@ -63,7 +66,7 @@ def grpo_loss(
     with torch.no_grad():
         r = ratio.detach()
         stats = {
-            "clip_fraction": token_mean(is_clipped(r, adv, clip_low, clip_high).float(), mask),
+            "clip_fraction": token_mean(is_clipped(r, adv, clip_low, clip_high, dual_clip).float(), mask),
             "approx_kl": token_mean(approx_kl(r, (logp - behaviour_logp).detach()), mask),
             "ratio_mean": token_mean(r, mask),
             "ratio_max": (r * mask).max(),

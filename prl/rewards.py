@@ -29,11 +29,13 @@ def load_reward(spec: str) -> RewardFn:
 
 def math_verify(completion: str, answer: str) -> float:
     """1.0 when the completion's final answer (a \\boxed{} or the last expression) equals
-    ``answer`` mathematically (1/2 == 0.5 == \\frac{1}{2}), else 0.0."""
+    ``answer`` mathematically (1/2 == 0.5 == \\frac{1}{2}), else 0.0. math-verify's own time
+    limits use ``signal.alarm``, which works on the main thread alone: they are off, and the
+    producer's RewardRunner, which calls this on its worker thread, enforces the limit."""
     from math_verify import parse, verify
 
-    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$")
-    return 1.0 if verify(gold, parse(completion)) else 0.0
+    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$", parsing_timeout=None)
+    return 1.0 if verify(gold, parse(completion, parsing_timeout=None), timeout_seconds=None) else 0.0
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

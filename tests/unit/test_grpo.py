@@ -188,3 +188,14 @@ def test_rows_without_left_padding_give_the_log_probs_of_the_padded_forward():
         masked = train.token_logprobs(model, dataclasses.replace(batch, left_padded=True))
     assert torch.allclose(fast * batch.mask, masked * batch.mask, atol=1e-5)
     assert train.pack(rollouts + [TrainRollout("s", "p", 0, False, 1.0, 0.0, 1.0, [1, 4], [3], [-0.5])]).left_padded
+
+
+def test_clip_fraction_is_where_the_gradient_is_zero_dual_clip_included():
+    from prl.learner.grpo import clipped_surrogate, is_clipped
+
+    ratios = torch.tensor([0.5, 0.9, 1.0, 1.2, 1.5, 5.0, 12.0, 0.5, 1.0, 1.5, 12.0])
+    adv = torch.tensor([-1.0] * 7 + [1.0] * 4)
+    logr = ratios.log().requires_grad_()
+    clipped_surrogate(logr.exp(), adv, 0.2, 0.28, 10.0).sum().backward()
+    assert torch.equal(is_clipped(ratios, adv, 0.2, 0.28, 10.0), logr.grad == 0)
+    assert is_clipped(ratios, adv, 0.2, 0.28, 10.0)[6]  # r = 12 > c = 10 with A < 0: the dual clip

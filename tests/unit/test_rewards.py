@@ -34,3 +34,21 @@ def test_load_reward_by_dotted_path():
     assert load_reward("prl.tasks.addition:exact_match")("15", "15") == 1.0
     with pytest.raises(ValueError):
         load_reward("prl.tasks.addition")
+
+
+def test_every_built_in_reward_scores_a_right_answer_1_on_the_runners_worker_thread():
+    """As a producer calls them: through RewardRunner, on its worker thread (math-verify's own
+    time limits use signal.alarm, which raises off the main thread: every answer scored 0)."""
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym not installed: pip install -e '.[real]'")
+    import json
+
+    from prl.tasks.reasoning_gym import make_rows
+
+    row = make_rows("chain_sum", 1, 0, seed=0, settings={})[0][0]
+    truth = row["reward_model"]["ground_truth"]
+    right = {"prl.tasks.addition:exact_match": ("15", "15"), "prl.rewards:math_verify": ("so \\boxed{\\frac{1}{2}}", "0.5"),
+             "prl.rewards:reasoning_gym": (json.loads(truth)["answer"], truth)}
+    for spec, (completion, answer) in right.items():
+        runner = RewardRunner(load_reward(spec))
+        assert runner(completion, answer) == 1.0 and runner.errors == runner.timeouts == 0, spec
+        runner.close()
