@@ -323,7 +323,8 @@ class Learner(Service):
             return
         self.remember_trained(usable)
         t0 = time.perf_counter()
-        stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist, self.device)
+        stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist, self.device,
+                           version=self.version)
         stats.update(lr=self.optimizer.param_groups[0]["lr"], train_seconds=time.perf_counter() - t0,
                      **self.age_metrics(usable), mean_reward=sum(r.reward for r in usable) / len(usable),
                      stale_dropped=self.counters.get("stale_dropped", 0))

@@ -6,6 +6,7 @@ PPO clip range are settings (``learner.lr``, ``learner.clip_low``, ``learner.cli
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ class PackedBatch:
     behaviour_logp: torch.Tensor  # [B, C]
     advantage: torch.Tensor  # [B]
     is_replay: torch.Tensor  # [B] bool
+    policy_version: torch.Tensor  # [B] the version that sampled each row
     temperature: float
     left_padded: bool = True  # some prompt is shorter than P: attention needs the padding mask
 
@@ -45,7 +47,8 @@ class PackedBatch:
         return PackedBatch(**moved, temperature=self.temperature, left_padded=self.left_padded)
 
 
-TENSORS = ("input_ids", "attention_mask", "position_ids", "targets", "mask", "behaviour_logp", "advantage", "is_replay")
+TENSORS = ("input_ids", "attention_mask", "position_ids", "targets", "mask", "behaviour_logp", "advantage", "is_replay",
+           "policy_version")
 
 
 def padded_shape(rollouts: list[TrainRollout]) -> tuple[int, int]:
@@ -75,6 +78,7 @@ def pack(rollouts: list[TrainRollout], pad_id: int = 0) -> PackedBatch:
         ids, attn, positions, ids[:, P:], mask, old,
         torch.tensor([r.advantage for r in rollouts]),
         torch.tensor([r.is_replay for r in rollouts]),
+        torch.tensor([r.policy_version for r in rollouts], dtype=torch.long),
         temps.pop(),
         left_padded=any(len(r.prompt_ids) < P for r in rollouts),
     )
@@ -119,12 +123,26 @@ def plan_micro_batches(rollouts: list[TrainRollout], max_tokens: int, world: int
     return [p + [[]] * (n - len(p)) for p in per_rank]
 
 
-PARTS = ("all", "fresh", "replay")  # every completion token, fresh rollouts' tokens, replayed ones'
+# Every completion token; fresh rollouts' and replayed ones'; fresh ones sampled by the weights
+# the step starts from (age 0: their ratio is the engine-trainer mismatch alone) and older ones.
+PARTS = ("all", "fresh", "replay", "age0", "stale")
 SUMMED = ("tokens", "clipped", "approx_kl", "ratio")
-STAT_NAMES = ("loss", *(f"{part}/{name}" for part in PARTS for name in SUMMED))
+# The age-0 tokens' log-ratios, counted in bins of 0.001 over [-0.5, 0.5] plus one below and one
+# above (summed over micro-batches and ranks like the rest): the mismatch's quantiles, to 0.1%.
+LOG_RATIO_EDGES = torch.linspace(-0.5, 0.5, 1001, dtype=torch.float64)
+STAT_NAMES = ("loss", *(f"{part}/{name}" for part in PARTS for name in SUMMED),
+              *(f"age0/log_ratio_bin/{i}" for i in range(len(LOG_RATIO_EDGES) + 1)))
+MISMATCH_QUANTILES = (0.001, 0.01, 0.5, 0.99, 0.999)
 
 
-def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+def part_rows(batch: PackedBatch, version: int) -> list[torch.Tensor]:
+    """The rows of each of PARTS, as [B] bool tensors (``version``: the weights the step starts from)."""
+    fresh = ~batch.is_replay
+    return [torch.ones_like(fresh), fresh, batch.is_replay, fresh & (batch.policy_version == version),
+            fresh & (batch.policy_version < version)]
+
+
+def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg, version: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(this micro-batch's share of the batch loss, detached sums of STAT_NAMES). The loss
     is ``grpo_loss`` normalised by the whole batch's token count, so micro-batch losses add
     up to the batch's token mean; the diagnostics come from the same function per part."""
@@ -133,27 +151,37 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg) -> tuple
     loss, _ = grpo_loss(logp, batch.behaviour_logp, batch.advantage, batch.mask, total_tokens=total_tokens, **clip)
     sums = [loss.detach() * total_tokens]
     with torch.no_grad():
-        for rows in (torch.ones_like(batch.is_replay), ~batch.is_replay, batch.is_replay):
+        parts = part_rows(batch, version)
+        for rows in parts:
             mask = batch.mask * rows.unsqueeze(-1)
             _, stats = grpo_loss(logp.detach(), batch.behaviour_logp, batch.advantage, mask, **clip)
             n = mask.sum()
             sums += [n, stats["clip_fraction"] * n, stats["approx_kl"] * n, stats["ratio_mean"] * n]
-    return loss, torch.stack([torch.as_tensor(x, dtype=torch.float64, device=logp.device) for x in sums])
+        age0 = (batch.mask * parts[PARTS.index("age0")].unsqueeze(-1)) > 0
+        log_ratio = (logp.detach() - batch.behaviour_logp)[age0].double()
+        bins = torch.bucketize(log_ratio, LOG_RATIO_EDGES.to(log_ratio.device))
+        counts = torch.bincount(bins, minlength=len(LOG_RATIO_EDGES) + 1)
+    return loss, torch.cat([torch.stack([torch.as_tensor(x, dtype=torch.float64, device=logp.device) for x in sums]),
+                            counts.double()])
 
 
-def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0, dist=None, device=None) -> dict[str, float]:
+def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0, dist=None, device=None,
+               version: int | None = None) -> dict[str, float]:
     """One optimizer step on a batch, over micro-batches of at most ``cfg.micro_batch_tokens``
     padded tokens with gradient accumulation, so the loss and gradients equal the whole-batch
     token-mean; under FSDP every rank takes its share of the micro-batches. Then grad-norm clip
     and AdamW step; returns the batch's metrics (global). Micro-batches are packed on the host
-    and moved to ``device`` (default: where the model's parameters are)."""
+    and moved to ``device`` (default: where the model's parameters are). ``version``: the
+    policy version of the weights the step starts from (default: the newest that sampled a
+    rollout of the batch), against which rollouts are age 0 or stale."""
     world, rank = (dist.world, dist.rank) if dist is not None else (1, 0)
+    version = max(r.policy_version for r in rollouts) if version is None else version
     device = device if device is not None else module_device(model)
     total_tokens = sum(len(r.completion_ids) for r in rollouts)
     plan = plan_micro_batches(rollouts, cfg.micro_batch_tokens, world)[rank]
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world, device)
+    sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world, device, version)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     optimizer.step()
     model.eval()
@@ -166,14 +194,15 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
     }
 
 
-def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: int, cfg, pad_id: int, world: int, device):
+def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: int, cfg, pad_id: int, world: int, device,
+                         version: int):
     """Forward and backward every micro-batch of this rank's plan on ``device``; return the
     summed statistics over all ranks (read back to the host once, by the caller)."""
     sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=device)
     for mb in plan:
         with autocast(device, cfg.bf16_autocast):
             if mb:
-                loss, mb_sums = micro_batch_sums(model, pack(mb, pad_id).to(device), total_tokens, cfg)
+                loss, mb_sums = micro_batch_sums(model, pack(mb, pad_id).to(device), total_tokens, cfg, version)
                 sums += mb_sums
             else:  # an empty slot: a zero-loss forward keeps this rank in step with the others
                 loss = model(input_ids=torch.tensor([[pad_id]], device=device)).logits.sum() * 0.0
@@ -186,16 +215,31 @@ def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: in
 
 
 def step_metrics(s: dict[str, float], total_tokens: int) -> dict[str, float]:
-    """Token means of the summed statistics: overall, and for fresh and replayed rollouts."""
+    """Token means of the summed statistics: overall, and per part (fresh, replayed, age 0,
+    stale); for age 0, the engine-trainer mismatch: its k3 KL, mean ratio and ratio quantiles."""
     n = max(1, s["all/tokens"])
     metrics = {"loss": s["loss"] / max(1, total_tokens), "tokens": int(s["all/tokens"]),
                "clip_fraction": s["all/clipped"] / n, "approx_kl": s["all/approx_kl"] / n, "ratio_mean": s["all/ratio"] / n}
-    for part in ("fresh", "replay"):
+    for part in PARTS[1:]:
         n = s[f"{part}/tokens"]
         if n > 0:
             metrics.update({f"{part}/ratio_mean": s[f"{part}/ratio"] / n, f"{part}/clip_fraction": s[f"{part}/clipped"] / n,
-                            f"{part}/approx_kl": s[f"{part}/approx_kl"] / n})
+                            f"{part}/approx_kl": s[f"{part}/approx_kl"] / n, f"{part}/tokens": int(n)})
+    counts = np.array([s[f"age0/log_ratio_bin/{i}"] for i in range(len(LOG_RATIO_EDGES) + 1)])
+    if counts.sum() > 0:
+        metrics.update({"mismatch/kl": metrics["age0/approx_kl"], "mismatch/ratio_mean": metrics["age0/ratio_mean"],
+                        **{f"mismatch/ratio_q{q:g}": math.exp(log_ratio_quantile(counts, q)) for q in MISMATCH_QUANTILES}})
     return metrics
+
+
+def log_ratio_quantile(counts: np.ndarray, q: float) -> float:
+    """The ``q`` quantile of log-ratios counted in LOG_RATIO_EDGES' bins (bin i holds
+    (edge i-1, edge i]; bin 0 and the last hold what lies beyond the edges): the outer edge of
+    the bin it falls in, lower below the median and upper above it (the quantile is at least
+    that far out)."""
+    edges = LOG_RATIO_EDGES.numpy()
+    i = int(np.searchsorted(np.cumsum(counts), q * counts.sum()))
+    return float(edges[max(i - 1, 0)] if q < 0.5 else edges[min(i, len(edges) - 1)])
 
 
 def make_optimizer(model, cfg) -> torch.optim.Optimizer:

@@ -49,7 +49,8 @@ class Console:
         line = (f"step {figures['step']:>5}  rollouts {figures['rollouts']:>8,} ({figures['rollouts_per_s']:,.0f}/s)  "
                 f"reward {figures['reward']:.3f}  held-out {figures['heldout_accuracy']:.3f}  "
                 f"zero-signal {figures['zero_signal_share']:.2f}  replay {figures['replay_share']:.2f}  "
-                f"stale {figures['stale_dropped']}")
+                f"stale {figures['stale_dropped']}" +
+                (f"  mismatch-KL {figures['mismatch_kl']:.1e}" if figures["mismatch_kl"] is not None else ""))
         if self.bar is not None:
             self.bar.write(line, file=sys.stderr)
         else:
@@ -71,7 +72,8 @@ def progress_figures(learner, scheduler, evaluation, seconds: float) -> dict:
             "rollouts_per_s": learner.rollouts_generated / max(seconds, 1e-9),
             "reward": stats.get("mean_reward", 0.0), "heldout_accuracy": evaluation.figures["accuracy"],
             "zero_signal_share": 1 - scheduler.groups_with_signal / returned,
-            "replay_share": stats.get("replay_share", 0.0), "stale_dropped": stale}
+            "replay_share": stats.get("replay_share", 0.0), "stale_dropped": stale,
+            "mismatch_kl": stats.get("mismatch/kl")}  # the engine-trainer mismatch at age 0 (None: no such rollout)
 
 
 def summary_table(summary: dict, files: list[str]) -> str:

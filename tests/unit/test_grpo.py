@@ -199,3 +199,25 @@ def test_clip_fraction_is_where_the_gradient_is_zero_dual_clip_included():
     clipped_surrogate(logr.exp(), adv, 0.2, 0.28, 10.0).sum().backward()
     assert torch.equal(is_clipped(ratios, adv, 0.2, 0.28, 10.0), logr.grad == 0)
     assert is_clipped(ratios, adv, 0.2, 0.28, 10.0)[6]  # r = 12 > c = 10 with A < 0: the dual clip
+
+
+def test_the_mismatch_is_measured_on_age_0_rollouts_alone():
+    """Rollouts sampled by the weights the step starts from (age 0) whose behaviour log-probs are
+    the learner's own, shifted by +0.02: the mismatch metrics see that shift and nothing else;
+    stale rollouts, far off, count under stale/ and not in the mismatch."""
+    from prl.learner import train
+    from prl.models import load_model
+    from prl.schemas.config import LearnerConfig
+
+    model = load_model("builtin:tiny-adder", "float32")
+    rollouts = random_rollouts(6, seed=5)
+    with torch.no_grad():
+        own = train.token_logprobs(model, train.pack(rollouts))
+    fresh = [dataclasses.replace(r, policy_version=7, is_replay=False, logprobs=own[i, :len(r.completion_ids)].numpy() + 0.02)
+             for i, r in enumerate(rollouts[:4])]
+    stale = [dataclasses.replace(r, policy_version=2, is_replay=False) for r in rollouts[4:]]
+    m = train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), fresh + stale, LearnerConfig(), version=7)
+    assert m["mismatch/ratio_mean"] == pytest.approx(math.exp(-0.02), abs=1e-4)
+    assert m["mismatch/kl"] == pytest.approx(math.exp(-0.02) - 1 + 0.02, rel=1e-2)
+    assert math.exp(-0.021) <= m["mismatch/ratio_q0.001"] <= m["mismatch/ratio_q0.999"] <= math.exp(-0.019)
+    assert m["age0/tokens"] == sum(len(r.completion_ids) for r in fresh) and m["stale/tokens"] > 0
