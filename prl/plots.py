@@ -128,24 +128,30 @@ def zero_signal_bars(results: dict, out_uri: str) -> None:
 
 def run_report(rows: list[dict], out_uri: str) -> None:
     """One page for a run from every service's metrics: held-out accuracy, reward and loss,
-    the share of groups with a signal and of replayed rollouts, rollout ages, stale drops."""
+    the share of groups with a signal and of replayed rollouts, rollout ages, stale drops, and
+    how far off-policy the learner trains: the KL to the behaviour policy of age-0 (the engine
+    mismatch), stale and replayed rollouts, and the age-0 ratio's quantiles."""
     plt = pyplot()
     learner = [r for r in rows if "learner/loss" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
     sched = [r for r in rows if r.get("service") == "scheduler" and "scheduler/signal_share" in r]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig, axes = plt.subplots(3, 2, figsize=(11, 10))
     panels = [
         (axes[0][0], evals, "rollouts_generated", ["eval/accuracy"], "held-out accuracy"),
         (axes[0][1], learner, "step", ["learner/mean_reward", "learner/loss"], "trained reward and loss"),
         (axes[1][0], sched, "seq", ["scheduler/signal_share", "scheduler/retest_share", "scheduler/never_dispatched_share"],
          "scheduler shares"),
         (axes[1][1], learner, "step", ["learner/replay_share", "learner/age_mean", "learner/stale_dropped"], "replay and ages"),
+        (axes[2][0], learner, "step", ["learner/mismatch/kl", "learner/stale/approx_kl", "learner/replay/approx_kl"],
+         "KL to the behaviour policy (k3)"),
+        (axes[2][1], learner, "step", ["learner/mismatch/ratio_q0.01", "learner/mismatch/ratio_q0.5", "learner/mismatch/ratio_q0.99"],
+         "engine-trainer ratio at age 0"),
     ]
     for ax, data, x, keys, title in panels:
         for key in keys:
             points = [(r.get(x, 0), r[key]) for r in data if key in r]
             if points:
-                ax.plot(*zip(*points), "-", lw=1.2, label=key.split("/", 1)[1])
+                ax.plot(*zip(*points), ".-", lw=1.2, ms=3, label=key.split("/", 1)[1])
         ax.set_xlabel(x.replace("_", " "))
         ax.set_title(title)
         ax.grid(alpha=0.3)
