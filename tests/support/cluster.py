@@ -246,10 +246,9 @@ def network_fault_run(tmp_path: Path, run_name: str, fault_s: float, max_steps: 
     figures and ``recovery_s``: from the heal to the first learner step after it (None: a stall,
     no step within ``recovery_timeout_s``, or not ``measured``). Needs the S3 environment of the
     run directory set."""
-    from tests.support.proxy import FaultyProxy
-    from tests.support.servers import free_port
+    from tests.support.proxy import FaultyProxy, port_outside_ephemeral_range
 
-    proxy_port = free_port()
+    proxy_port = port_outside_ephemeral_range()
     broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log", advertised_port=proxy_port)
     proxy = FaultyProxy(proxy_port, broker.port)
     cluster = Cluster(tmp_path, broker, run_name, max_steps=max_steps)
