@@ -174,6 +174,7 @@ def acknowledge_batches(config: str, stop, counters, step_s: float = 0.0) -> Non
     """The learner that only acknowledges, in its own process: reads every batch (fetching
     claim-checked rollouts too), announces a version per batch, ``step_s`` after reading it
     (a training step's time); ``counters`` (shared, in LEARNER_COUNTERS order) add up what it read."""
+    from prl.learner.service import FETCH_CACHE_BYTES
     from prl.learner.sources import GroupCache, resolve_batch
     from prl.transport.kafka import KafkaTransport
     from prl.schemas import PolicyVersion, decode, encode, headers
@@ -184,7 +185,7 @@ def acknowledge_batches(config: str, stop, counters, step_s: float = 0.0) -> Non
     cfg, parent = load_config(config), os.getppid()
     transport = KafkaTransport(cfg.transport.kafka)
     sub = transport.subscriber([topic_name(cfg.run.name, BATCHES)], group=f"{cfg.run.name}.learner")
-    pub, groups, version = transport.publisher(), GroupCache(transport.reader(), cfg.learner.fetch_cache_mb << 20), 0
+    pub, groups, version = transport.publisher(), GroupCache(transport.reader(), FETCH_CACHE_BYTES), 0
     while running(stop, parent):
         for m in sub.poll(0.2, max_records=1):
             batch, fetched, cached = resolve_batch(decode(m.value), groups, oldest_version=version - cfg.scheduler.tau_max)
@@ -381,6 +382,9 @@ def ramp(args, bootstrap: str, broker_pid: int | None, work: Path, mode: str) ->
             pids = {"scheduler": scheduler.proc.pid, "broker": broker_pid, "producers": pool.pids,
                     "learner": learner.proc.pid, "watcher": watcher.proc.pid, "probe": probe.proc.pid}
             steps.append(measure(pool, latencies, pids, run_dir, counters, args.seconds, producers))
+            for name, side in (("learner", learner), ("watcher", watcher), ("probe", probe)):
+                if not side.proc.is_alive():  # its figures would be zeros: stop, with its traceback above
+                    raise RuntimeError(f"the benchmark's {name} process died (exit code {side.proc.exitcode})")
             print(f"{mode:>24} " + format_step(steps[-1]), flush=True)
             if len(steps) > 1 and all(behind(s) for s in steps[-2:]):
                 break  # two steps in a row behind: groups pile up unaccepted
