@@ -1,14 +1,38 @@
 """The GRPO objective as short pure functions, named after the papers' terms.
 
 Shapes: every per-token tensor is [B, T] with a 0/1 ``mask`` marking completion tokens;
-``advantage`` is per sequence, [B]. The loss is the PPO clipped surrogate against the
-cached behaviour log-probs, with separate low/high clip, a dual clip for negative
-advantages, and token-mean aggregation over every completion token of the batch.
+``advantage`` is per sequence, [B]. The loss is the PPO clipped surrogate with separate
+low/high clip, a dual clip for negative advantages, and token-mean aggregation.
+
+Three policies meet in an asynchronous run: the behaviour policy that sampled a rollout
+(a producer's engine at an older version), the proximal policy (the learner's weights at the
+step's start) and pi_theta. ``correction`` says how the gap between the first two is handled:
+
+- ``none``: the surrogate's ratio is taken against the behaviour log-probs, and the PPO clip
+  handles engine mismatch and staleness together (bypass mode);
+- the others take the ratio against the proximal policy and multiply each token's surrogate
+  by a weight w_t of rho_t = pi_prox / pi_behaviour (decoupled PPO, arXiv 2505.24298):
+  ``token_tis`` min(rho_t, 2) (truncated IS, verl's threshold); ``sequence_mask`` rho_t where
+  the sequence's geometric-mean rho lies in [0.99, 1.01], else 0 (SkyRL's fully asynchronous
+  setting); ``icepop`` rho_t within [0.5, 5], else 0 (IcePop); ``decoupled`` rho_t up to 5,
+  else 0 (AReaL's behaviour-weight cap).
+
+With one optimizer step per batch, pi_theta equals pi_prox wherever the loss is evaluated, so
+the decoupled forms' clip never binds: staleness and mismatch go through w_t alone.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+
+CORRECTIONS = ("none", "token_tis", "sequence_mask", "icepop", "decoupled")
+TIS_CAP = 2.0
+GEOMETRIC_BOUNDS = (0.99, 1.01)
+ICEPOP_BOUNDS = (0.5, 5.0)
+DECOUPLED_CAP = 5.0
 
 
 def policy_ratio(logp: torch.Tensor, behaviour_logp: torch.Tensor) -> torch.Tensor:
@@ -35,6 +59,27 @@ def is_clipped(ratio: torch.Tensor, advantage: torch.Tensor, clip_low: float, cl
         ((ratio > dual_clip) & (advantage < 0))
 
 
+def behaviour_weight(log_rho: torch.Tensor, mask: torch.Tensor, correction: str) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                        torch.Tensor]:
+    """(w_t, where w_t was masked to 0, where it was truncated) for log rho_t =
+    log pi_prox - log pi_behaviour, per ``correction`` (module docstring); detached."""
+    rho = torch.exp(log_rho.detach())
+    none = torch.zeros_like(rho, dtype=torch.bool)
+    if correction == "token_tis":
+        return rho.clamp(max=TIS_CAP), none, rho > TIS_CAP
+    if correction == "sequence_mask":
+        log_geo = (log_rho.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        lo, hi = GEOMETRIC_BOUNDS
+        out = ((log_geo < math.log(lo)) | (log_geo > math.log(hi))).unsqueeze(-1).expand_as(rho)
+    elif correction == "icepop":
+        out = (rho < ICEPOP_BOUNDS[0]) | (rho > ICEPOP_BOUNDS[1])
+    elif correction == "decoupled":
+        out = rho > DECOUPLED_CAP
+    else:
+        raise ValueError(f"unknown correction {correction!r}: one of {', '.join(CORRECTIONS)}")
+    return torch.where(out, torch.zeros_like(rho), rho), out, none
+
+
 def approx_kl(ratio: torch.Tensor, logratio: torch.Tensor) -> torch.Tensor:
     """k3 estimator of KL(behaviour || policy) per token: (r - 1) - log r."""
     return (ratio - 1) - logratio
@@ -44,31 +89,50 @@ def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
+def surrogate_terms(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, correction: str):
+    """(r_t, w_t, masked, truncated): the surrogate's ratio and each token's weight per
+    ``correction`` (module docstring), and where the weight was masked or truncated."""
+    if correction == "none":
+        nothing = torch.zeros_like(mask, dtype=torch.bool)
+        return policy_ratio(logp, behaviour_logp), torch.ones_like(logp), nothing, nothing
+    weight, masked, truncated = behaviour_weight(logp.detach() - behaviour_logp, mask, correction)
+    return policy_ratio(logp, logp.detach()), weight, masked, truncated  # r against the proximal policy: 1, with a gradient
+
+
 def grpo_loss(
     logp: torch.Tensor,
     behaviour_logp: torch.Tensor,
     advantage: torch.Tensor,
     mask: torch.Tensor,
     *,
+    correction: str = "none",
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     dual_clip: float = 10.0,
     total_tokens: float | None = None,
+    sample_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """L = (1/T) sum_{b,t} mask_bt * clipped_surrogate(r_bt, A_b): the token-mean clipped
-    surrogate, T = ``total_tokens`` (default: the tokens under ``mask``; a micro-batch passes
-    the whole batch's count, so the micro-batch losses add up to the batch's token mean).
-    Diagnostics are token means over ``mask``: clip fraction, approx KL, ratio mean and max."""
+    """L = (1/T) sum_{b,t} mask_bt * s_b * w_bt * clipped_surrogate(r_bt, A_b): the token-mean
+    clipped surrogate, T = ``total_tokens`` (default: the tokens under ``mask``; a micro-batch
+    passes the whole batch's count, so the micro-batch losses add up to the batch's). r and w
+    per ``correction``; s_b = ``sample_weight`` (default 1: a replayed rollout's importance
+    weight). Diagnostics are token means over ``mask``: clip fraction (of r), the masked and
+    truncated fractions (of w), and against the behaviour log-probs the approx KL, ratio mean and max."""
     adv = advantage.unsqueeze(-1).expand_as(logp)
-    ratio = policy_ratio(logp, behaviour_logp)
-    per_token = clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip)
+    ratio, weight, masked, truncated = surrogate_terms(logp, behaviour_logp, mask, correction)
+    if sample_weight is not None:
+        weight = weight * sample_weight.unsqueeze(-1)
+    per_token = weight * clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip)
     loss = (per_token * mask).sum() / (mask.sum().clamp(min=1) if total_tokens is None else total_tokens)
     with torch.no_grad():
-        r = ratio.detach()
+        log_rho = (logp - behaviour_logp).detach()
+        rho = torch.exp(log_rho)
         stats = {
-            "clip_fraction": token_mean(is_clipped(r, adv, clip_low, clip_high, dual_clip).float(), mask),
-            "approx_kl": token_mean(approx_kl(r, (logp - behaviour_logp).detach()), mask),
-            "ratio_mean": token_mean(r, mask),
-            "ratio_max": (r * mask).max(),
+            "clip_fraction": token_mean(is_clipped(ratio.detach(), adv, clip_low, clip_high, dual_clip).float(), mask),
+            "masked": token_mean(masked.float(), mask),
+            "truncated": token_mean(truncated.float(), mask),
+            "approx_kl": token_mean(approx_kl(rho, log_rho), mask),
+            "ratio_mean": token_mean(rho, mask),
+            "ratio_max": (rho * mask).max(),
         }
     return loss, stats

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from prl.devices import autocast, module_device
-from prl.learner.grpo import grpo_loss
+from prl.learner.grpo import CORRECTIONS, behaviour_weight, grpo_loss
 from prl.schemas import TrainRollout
 
 WEIGHT_DECAY = 0.01
@@ -36,6 +36,7 @@ class PackedBatch:
     mask: torch.Tensor  # [B, C], 1 where the target is a completion token
     behaviour_logp: torch.Tensor  # [B, C]
     advantage: torch.Tensor  # [B]
+    sample_weight: torch.Tensor  # [B] a replayed rollout's importance weight (1 for fresh ones)
     is_replay: torch.Tensor  # [B] bool
     policy_version: torch.Tensor  # [B] the version that sampled each row
     temperature: float
@@ -47,8 +48,8 @@ class PackedBatch:
         return PackedBatch(**moved, temperature=self.temperature, left_padded=self.left_padded)
 
 
-TENSORS = ("input_ids", "attention_mask", "position_ids", "targets", "mask", "behaviour_logp", "advantage", "is_replay",
-           "policy_version")
+TENSORS = ("input_ids", "attention_mask", "position_ids", "targets", "mask", "behaviour_logp", "advantage", "sample_weight",
+           "is_replay", "policy_version")
 
 
 def padded_shape(rollouts: list[TrainRollout]) -> tuple[int, int]:
@@ -77,6 +78,7 @@ def pack(rollouts: list[TrainRollout], pad_id: int = 0) -> PackedBatch:
     return PackedBatch(
         ids, attn, positions, ids[:, P:], mask, old,
         torch.tensor([r.advantage for r in rollouts]),
+        torch.tensor([r.sample_weight for r in rollouts], dtype=torch.float32),
         torch.tensor([r.is_replay for r in rollouts]),
         torch.tensor([r.policy_version for r in rollouts], dtype=torch.long),
         temps.pop(),
@@ -126,11 +128,12 @@ def plan_micro_batches(rollouts: list[TrainRollout], max_tokens: int, world: int
 # Every completion token; fresh rollouts' and replayed ones'; fresh ones sampled by the weights
 # the step starts from (age 0: their ratio is the engine-trainer mismatch alone) and older ones.
 PARTS = ("all", "fresh", "replay", "age0", "stale")
-SUMMED = ("tokens", "clipped", "approx_kl", "ratio")
+SUMMED = ("tokens", "clipped", "masked", "truncated", "approx_kl", "ratio")
 # The age-0 tokens' log-ratios, counted in bins of 0.001 over [-0.5, 0.5] plus one below and one
 # above (summed over micro-batches and ranks like the rest): the mismatch's quantiles, to 0.1%.
 LOG_RATIO_EDGES = torch.linspace(-0.5, 0.5, 1001, dtype=torch.float64)
 STAT_NAMES = ("loss", *(f"{part}/{name}" for part in PARTS for name in SUMMED),
+              *(f"would/{c}/{name}" for c in CORRECTIONS[1:] for name in ("masked", "truncated")),
               *(f"age0/log_ratio_bin/{i}" for i in range(len(LOG_RATIO_EDGES) + 1)))
 MISMATCH_QUANTILES = (0.001, 0.01, 0.5, 0.99, 0.999)
 
@@ -142,27 +145,36 @@ def part_rows(batch: PackedBatch, version: int) -> list[torch.Tensor]:
             fresh & (batch.policy_version < version)]
 
 
-def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg, version: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(this micro-batch's share of the batch loss, detached sums of STAT_NAMES). The loss
-    is ``grpo_loss`` normalised by the whole batch's token count, so micro-batch losses add
-    up to the batch's token mean; the diagnostics come from the same function per part."""
+def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg, version: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(this micro-batch's share of the batch loss, detached sums of STAT_NAMES, the age-0
+    log-ratios' [max, -min]). The loss is ``grpo_loss`` normalised by the batch's ``total_tokens``,
+    so micro-batch losses add up to the batch's; the diagnostics come from the same function
+    per part, and for every correction what it would mask and truncate on this batch."""
     logp = token_logprobs(model, batch)
-    clip = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=DUAL_CLIP)
-    loss, _ = grpo_loss(logp, batch.behaviour_logp, batch.advantage, batch.mask, total_tokens=total_tokens, **clip)
+    options = dict(correction=cfg.correction, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=DUAL_CLIP)
+    loss, _ = grpo_loss(logp, batch.behaviour_logp, batch.advantage, batch.mask, total_tokens=total_tokens,
+                        sample_weight=batch.sample_weight, **options)
     sums = [loss.detach() * total_tokens]
     with torch.no_grad():
         parts = part_rows(batch, version)
         for rows in parts:
             mask = batch.mask * rows.unsqueeze(-1)
-            _, stats = grpo_loss(logp.detach(), batch.behaviour_logp, batch.advantage, mask, **clip)
+            _, stats = grpo_loss(logp.detach(), batch.behaviour_logp, batch.advantage, mask, **options)
             n = mask.sum()
-            sums += [n, stats["clip_fraction"] * n, stats["approx_kl"] * n, stats["ratio_mean"] * n]
+            sums += [n, *(stats[name] * n for name in ("clip_fraction", "masked", "truncated", "approx_kl", "ratio_mean"))]
+        log_rho = logp.detach() - batch.behaviour_logp
+        for correction in CORRECTIONS[1:]:
+            _, masked, truncated = behaviour_weight(log_rho, batch.mask, correction)
+            sums += [(masked * batch.mask).sum(), (truncated * batch.mask).sum()]
         age0 = (batch.mask * parts[PARTS.index("age0")].unsqueeze(-1)) > 0
-        log_ratio = (logp.detach() - batch.behaviour_logp)[age0].double()
+        log_ratio = log_rho[age0].double()
         bins = torch.bucketize(log_ratio, LOG_RATIO_EDGES.to(log_ratio.device))
         counts = torch.bincount(bins, minlength=len(LOG_RATIO_EDGES) + 1)
+        extremes = torch.stack([log_ratio.max(), -log_ratio.min()]) if len(log_ratio) else \
+            torch.full((2,), -math.inf, dtype=torch.float64, device=logp.device)
     return loss, torch.cat([torch.stack([torch.as_tensor(x, dtype=torch.float64, device=logp.device) for x in sums]),
-                            counts.double()])
+                            counts.double()]), extremes
 
 
 def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0, dist=None, device=None,
@@ -173,20 +185,24 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
     and AdamW step; returns the batch's metrics (global). Micro-batches are packed on the host
     and moved to ``device`` (default: where the model's parameters are). ``version``: the
     policy version of the weights the step starts from (default: the newest that sampled a
-    rollout of the batch), against which rollouts are age 0 or stale."""
+    rollout of the batch), against which rollouts are age 0 or stale.
+
+    The token mean divides by the fresh rollouts' completion tokens (by all tokens when a batch
+    has no fresh ones): replayed tokens add to the fresh gradient instead of diluting it, so
+    ``scheduler.replay.ratio`` does not scale the fresh gradient down."""
     world, rank = (dist.world, dist.rank) if dist is not None else (1, 0)
     version = max(r.policy_version for r in rollouts) if version is None else version
     device = device if device is not None else module_device(model)
-    total_tokens = sum(len(r.completion_ids) for r in rollouts)
+    total_tokens = token_mean_denominator(rollouts)
     plan = plan_micro_batches(rollouts, cfg.micro_batch_tokens, world)[rank]
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    sums = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world, device, version)
+    sums, extremes = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world, device, version)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     optimizer.step()
     model.eval()
     return {
-        **step_metrics(dict(zip(STAT_NAMES, sums.tolist())), total_tokens),
+        **step_metrics(dict(zip(STAT_NAMES, sums.tolist())), total_tokens, extremes.tolist()),
         "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
         "rollouts": len(rollouts),
         "replay_share": sum(r.is_replay for r in rollouts) / len(rollouts),
@@ -194,16 +210,25 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
     }
 
 
+def token_mean_denominator(rollouts: list[TrainRollout]) -> int:
+    """The completion tokens of the batch's fresh rollouts (of all, if none is fresh)."""
+    fresh = sum(len(r.completion_ids) for r in rollouts if not r.is_replay)
+    return fresh or sum(len(r.completion_ids) for r in rollouts)
+
+
 def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: int, cfg, pad_id: int, world: int, device,
-                         version: int):
+                         version: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward and backward every micro-batch of this rank's plan on ``device``; return the
-    summed statistics over all ranks (read back to the host once, by the caller)."""
+    summed statistics and the age-0 log-ratios' [max, -min] over all ranks (read back to the
+    host once, by the caller)."""
     sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=device)
+    extremes = torch.full((2,), -math.inf, dtype=torch.float64, device=device)
     for mb in plan:
         with autocast(device, cfg.bf16_autocast):
             if mb:
-                loss, mb_sums = micro_batch_sums(model, pack(mb, pad_id).to(device), total_tokens, cfg, version)
+                loss, mb_sums, mb_extremes = micro_batch_sums(model, pack(mb, pad_id).to(device), total_tokens, cfg, version)
                 sums += mb_sums
+                extremes = torch.maximum(extremes, mb_extremes)
             else:  # an empty slot: a zero-loss forward keeps this rank in step with the others
                 loss = model(input_ids=torch.tensor([[pad_id]], device=device)).logits.sum() * 0.0
         (loss * world).backward()  # FSDP averages gradients over ranks; the loss is already global
@@ -211,23 +236,32 @@ def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: in
         import torch.distributed as tdist
 
         tdist.all_reduce(sums)
-    return sums
+        tdist.all_reduce(extremes, op=tdist.ReduceOp.MAX)
+    return sums, extremes
 
 
-def step_metrics(s: dict[str, float], total_tokens: int) -> dict[str, float]:
+def step_metrics(s: dict[str, float], total_tokens: int,
+                 extremes: tuple[float, float] = (-math.inf, -math.inf)) -> dict[str, float]:
     """Token means of the summed statistics: overall, and per part (fresh, replayed, age 0,
-    stale); for age 0, the engine-trainer mismatch: its k3 KL, mean ratio and ratio quantiles."""
+    stale); what the correction in use masked and truncated, and what each would have;
+    for age 0, the engine-trainer mismatch: its k3 KL and ratio mean, quantiles, min and max."""
     n = max(1, s["all/tokens"])
     metrics = {"loss": s["loss"] / max(1, total_tokens), "tokens": int(s["all/tokens"]),
-               "clip_fraction": s["all/clipped"] / n, "approx_kl": s["all/approx_kl"] / n, "ratio_mean": s["all/ratio"] / n}
+               "clip_fraction": s["all/clipped"] / n, "approx_kl": s["all/approx_kl"] / n, "ratio_mean": s["all/ratio"] / n,
+               "correction/masked": s["all/masked"] / n, "correction/truncated": s["all/truncated"] / n}
+    for c in CORRECTIONS[1:]:
+        metrics.update({f"correction/{c}/masked": s[f"would/{c}/masked"] / n,
+                        f"correction/{c}/truncated": s[f"would/{c}/truncated"] / n})
     for part in PARTS[1:]:
         n = s[f"{part}/tokens"]
         if n > 0:
             metrics.update({f"{part}/ratio_mean": s[f"{part}/ratio"] / n, f"{part}/clip_fraction": s[f"{part}/clipped"] / n,
-                            f"{part}/approx_kl": s[f"{part}/approx_kl"] / n, f"{part}/tokens": int(n)})
+                            f"{part}/approx_kl": s[f"{part}/approx_kl"] / n, f"{part}/masked": s[f"{part}/masked"] / n,
+                            f"{part}/truncated": s[f"{part}/truncated"] / n, f"{part}/tokens": int(n)})
     counts = np.array([s[f"age0/log_ratio_bin/{i}"] for i in range(len(LOG_RATIO_EDGES) + 1)])
     if counts.sum() > 0:
         metrics.update({"mismatch/kl": metrics["age0/approx_kl"], "mismatch/ratio_mean": metrics["age0/ratio_mean"],
+                        "mismatch/ratio_min": math.exp(-extremes[1]), "mismatch/ratio_max": math.exp(extremes[0]),
                         **{f"mismatch/ratio_q{q:g}": math.exp(log_ratio_quantile(counts, q)) for q in MISMATCH_QUANTILES}})
     return metrics
 

@@ -16,6 +16,17 @@ def success_estimate(successes, attempts, prior_successes, prior_failures):
     return (successes + prior_successes) / (attempts + prior_successes + prior_failures)
 
 
+def group_outcome(rewards, threshold: float) -> tuple[int, int, bool]:
+    """(solved, attempts, signal) of a group: how many rewards reach ``threshold`` (a completion
+    counts as solved), how many there are, and whether they differ (``has_signal``)."""
+    return sum(r >= threshold for r in rewards), len(rewards), has_signal(rewards)
+
+
+def forgetting(versions, half_life: float):
+    """0.5^(versions / half_life): the weight left to results ``versions`` learner versions old."""
+    return np.power(0.5, np.asarray(versions, dtype=np.float64) / half_life)
+
+
 def bernoulli_variance(p):
     """p (1 - p): the variance of a {0, 1} reward with success rate p, which is also the
     mean squared group advantage E[(r - p)^2]; zero for always- and never-solved problems,
@@ -64,3 +75,17 @@ def replay_log_priority(advantages, alpha: float, eps: float):
     """log p_i^alpha = alpha log(|A_i| + eps): seed B's replay draw probability is
     proportional to (|A_i| + eps)^alpha."""
     return alpha * np.log(np.abs(np.asarray(advantages, dtype=np.float64)) + eps)
+
+
+def prioritized_replay_weight(log_priority, floor: float, beta: float):
+    """w_i = min(1, (N P_i)^-beta / (N P_floor)^-beta), P_i proportional to exp(log_priority_i):
+    prioritized replay's importance weight (arXiv 1511.05952), at beta = 1 the draw's bias
+    undone; normalised by the weight of the least likely rollout that has a gradient
+    (``floor``, its log-priority), so weights only scale down and the normaliser is the same
+    for every rollout of a draw."""
+    return np.minimum(1.0, np.exp(-beta * (np.asarray(log_priority, dtype=np.float64) - floor)))
+
+
+def annealed_beta(beta0: float, version: int, horizon: int) -> float:
+    """beta from beta0 at version 0 to 1 at ``horizon`` versions, linearly."""
+    return beta0 + (1.0 - beta0) * min(1.0, version / max(1, horizon))

@@ -3,7 +3,7 @@
 A batch is every fresh rollout first (accepted groups within tau_max, less the groups whose
 rewards are all equal when the zero-variance filter is on, up to the token budget), then
 ``round(replay_ratio * |fresh|)`` rollouts drawn separately from the replay buffer, after
-evicting whatever is older than tau_max. No replay during the first
+evicting whatever is older than tau_max, each with its importance weight at ``replay_beta``. No replay during the first
 ``warmup_updates`` learner versions. Fresh rollouts enter the buffer only after the draw,
 so no rollout appears twice in one batch.
 """
@@ -55,6 +55,7 @@ def compose_batch(
     max_tokens: int,
     buffer: ReplayBuffer | None = None,
     replay_ratio: float = 0.0,
+    replay_beta: float = 1.0,
     warmup_updates: int = 0,
     drop_zero_signal: bool = False,
 ) -> Composition:
@@ -71,7 +72,7 @@ def compose_batch(
     if buffer is not None:
         buffer.evict_stale(learner_version, tau_max)
         if learner_version >= warmup_updates and fresh:
-            replay = draw_replay(buffer, round(replay_ratio * len(fresh)), max_tokens - tokens)
+            replay = draw_replay(buffer, round(replay_ratio * len(fresh)), max_tokens - tokens, replay_beta)
         buffer.insert(fresh, [group_band(g) for g in kept for _ in g.rollouts])  # after the draw: never twice in one batch
     if not fresh:
         return Composition(None, leftover, stale, zero_signal_dropped=zero_signal, stale_completion_tokens=stale_tokens)
@@ -109,12 +110,22 @@ def fit_token_budget(groups: list[RolloutGroup], max_tokens: int) -> tuple[list,
     return groups, [], tokens
 
 
-def draw_replay(buffer: ReplayBuffer, k: int, token_room: int) -> list[TrainRollout]:
-    """Up to k replayed rollouts that fit in ``token_room`` tokens."""
+def draw_replay(buffer: ReplayBuffer, k: int, token_room: int, beta: float) -> list[TrainRollout]:
+    """Up to k replayed rollouts that fit in ``token_room`` tokens, weighted at ``beta``."""
     out = []
-    for r in buffer.draw(k):
+    for r in buffer.draw(k, beta):
         if r.num_tokens > token_room:
             break
         out.append(r)
         token_room -= r.num_tokens
     return out
+
+
+def replay_advantage_means(replayed: list[TrainRollout]) -> dict[str, float]:
+    """The replayed rollouts' mean advantage as drawn and as trained (weighted by their sample
+    weights): the second is near 0 where the importance weights undo the draw's bias."""
+    if not replayed:
+        return {}
+    weights = [r.sample_weight for r in replayed]
+    return {"replay/drawn_advantage_mean": sum(r.advantage for r in replayed) / len(replayed),
+            "replay/weighted_advantage_mean": sum(w * r.advantage for w, r in zip(weights, replayed)) / sum(weights)}

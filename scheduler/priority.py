@@ -4,7 +4,8 @@ State lives in flat typed arrays indexed by a dense problem index (array.array w
 views for vectorised work), not in one Python object per problem.
 
 - **Estimate.** p = (s + a) / (n + a + b) (``prl.formulas.success_estimate``) from s successes
-  in n attempts, with a Beta(a, b) prior of ``pseudo_count`` attempts at the problem's group
+  in n attempts, both halved every ``HALF_LIFE`` learner versions (``prl.formulas.forgetting``:
+  a problem the policy regressed on is judged by its recent results), with a Beta(a, b) prior of ``pseudo_count`` attempts at the problem's group
   rate. The group rate counts each problem's *first* group only (an estimate of how a
   never-tried problem of the group does, which retests of its hard problems cannot drive
   down), and starts at 1/2 with the weight of two attempts (Beta(1, 1)). Without a label every
@@ -22,11 +23,15 @@ views for vectorised work), not in one Python object per problem.
   group share one clock of rate m w, so an untried pool costs one heap entry per group.
 - **Never-tried floor.** At least ``UNSEEN_SHARE`` of dispatches go to never-tried problems
   while any remain, round-robin over groups: no problem starves, whatever its group's rate.
-- **Retest.** A problem whose last group of G completions was all solved (all failed) goes
-  to the solved (unsolved) pool, out of the heap. Every ``retest_interval`` learner versions
+- **Retest.** A problem whose last group of G completions had no signal (rewards all equal,
+  as the zero-variance filter judges it) and was all solved (all failed) goes to the solved
+  (unsolved) pool, out of the heap. Every ``retest_interval`` learner versions
   ``RETEST_SHARE`` of each pool, longest-untested first, is queued; retests take at most
   ``RETEST_CAP`` of dispatches, and when nothing else is choosable the pools are served
   regardless. A changed result returns the problem to the heap.
+- **Wait bound.** A problem not dispatched for ``MAX_WAIT`` times the pool's size in
+  dispatches, wherever it is (heap, never tried, a pool), is dispatched ahead of all others
+  (checked every ``n / 100`` dispatches): no problem waits more than three times the pool's size.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from collections import deque
 
 import numpy as np
 
-from prl.formulas import bernoulli_variance, exponential_clock, success_estimate
+from prl.formulas import bernoulli_variance, exponential_clock, forgetting, group_outcome, success_estimate
 
 HEAP, IN_FLIGHT, SOLVED, UNSOLVED, QUEUED, RETIRED = 0, 1, 2, 3, 4, 5
 STATES = ("choosable", "in flight", "in the solved pool", "in the unsolved pool", "queued for retest", "retired")
@@ -47,6 +52,9 @@ UNSEEN_SHARE = 0.1  # at least this share of dispatches goes to never-tried prob
 RETEST_SHARE = 0.1  # share of each pool queued per retest round
 RETEST_CAP = 0.2  # retests take at most this share of dispatches
 MIN_RATE = 1e-12  # a clock of rate 0 would never ring
+HALF_LIFE = 50.0  # learner versions over which a problem's success counts halve
+MAX_WAIT = 2.0  # a problem not dispatched for this many times the pool's size in dispatches goes next
+SCANS_PER_POOL = 100  # how often, per pool-size of dispatches, the overdue problems are looked for
 
 
 def _typed(code: str, n: int, value=0) -> tuple[array, np.ndarray]:
@@ -59,14 +67,18 @@ class PrioritySampler:
     state_dict / load_state_dict / check_state, metrics (scheduler/samplers.py: the interface)."""
 
     zero_variance_filter = True  # a group whose rewards are all equal is counted, not trained
-    ARRAYS = ("group", "successes", "attempts", "last_tested", "streak", "state", "stamp")
-    CODES = {"group": "i", "successes": "f", "attempts": "f", "last_tested": "i", "streak": "i", "state": "B", "stamp": "I"}
+    ARRAYS = ("group", "successes", "attempts", "last_tested", "streak", "state", "stamp", "last_dispatched")
+    CODES = {"group": "i", "successes": "f", "attempts": "f", "last_tested": "i", "streak": "i", "state": "B", "stamp": "I",
+             "last_dispatched": "q"}
 
-    def __init__(self, groups, pseudo_count: float = 2.0, retest_interval: int = 10, seed: int = 0, group_size: int = 8):
+    def __init__(self, groups, pseudo_count: float = 2.0, retest_interval: int = 10, seed: int = 0, group_size: int = 8,
+                 half_life: float = HALF_LIFE):
         """``groups[i]``: the prior group of problem i (small ints >= 0, all 0 without a label);
-        ``group_size``: completions of a whole group (G), the retest streak's unit."""
+        ``group_size``: completions of a whole group (G), the retest streak's unit; ``half_life``:
+        learner versions over which a problem's counts halve (0: they never do)."""
         groups = np.asarray(groups, dtype=np.int32)
         self.pseudo_count, self.retest_interval, self.group_size = pseudo_count, retest_interval, group_size
+        self.half_life = half_life
         self.n = n = len(groups)
         self.rng = np.random.default_rng(seed)
         for name, code in self.CODES.items():
@@ -88,6 +100,8 @@ class PrioritySampler:
         self.version = self.last_retest_version = 0
         self.dispatched = self.retests_dispatched = self.unseen_dispatched = 0
         self.unseen_cursor = 0  # round-robin over groups for the never-tried floor
+        self.overdue: deque[int] = deque()  # problems past the wait bound, longest-waiting first
+        self.overdue_dispatched = self.next_scan = 0
         self._arm_groups(range(self.num_groups))
 
     # -- estimates ------------------------------------------------------------------
@@ -117,15 +131,37 @@ class PrioritySampler:
 
     # -- choosing ---------------------------------------------------------------------
     def next(self, k: int, busy=None) -> list[int]:
-        """Up to k problems: due retests within the cap, the never-tried floor, then the
-        clocks; retests beyond the cap only when nothing else is choosable. (The sampler
-        knows what is in flight; ``busy`` is not needed.)"""
+        """Up to k problems: overdue ones, due retests within the cap, the never-tried floor,
+        then the clocks; retests beyond the cap only when nothing else is choosable. (The
+        sampler knows what is in flight; ``busy`` is not needed.)"""
         total = self.dispatched + k
-        out = self._due_retests(min(k, math.floor(RETEST_CAP * total) - self.retests_dispatched))
+        out = self._overdue(k)
+        out += self._due_retests(min(k - len(out), math.floor(RETEST_CAP * total) - self.retests_dispatched))
         out += self._unseen_floor(min(k - len(out), math.ceil(UNSEEN_SHARE * total) - self.unseen_dispatched))
         out += self._from_clocks(k - len(out))
         out += self._retest_early(k - len(out))
         self.dispatched += len(out)
+        return out
+
+    def _overdue(self, k: int) -> list[int]:
+        """Problems not dispatched for MAX_WAIT x the pool's size in dispatches, longest-waiting
+        first, wherever they wait (the heap's and the pools' entries of a taken problem go
+        stale and are skipped there, as after any dispatch)."""
+        if self.dispatched >= self.next_scan:
+            self.next_scan = self.dispatched + max(1, self.n // SCANS_PER_POOL)
+            waiting = np.flatnonzero((self.dispatched - self._last_dispatched_np >= MAX_WAIT * self.n)
+                                     & (self._state_np != IN_FLIGHT) & (self._state_np != RETIRED))
+            self.overdue = deque(waiting[np.argsort(self._last_dispatched_np[waiting], kind="stable")].tolist())
+        out: list[int] = []
+        while len(out) < k and self.overdue:
+            i = self.overdue.popleft()
+            if self.state[i] in (IN_FLIGHT, RETIRED):
+                continue
+            if self._last_tested_np[i] < 0 and self.state[i] == HEAP:  # never tried: leaves its group's order
+                self._leave_unseen(i)
+                self._arm_unseen(int(self._group_np[i]))
+            out.append(self._take(i, retest=self.state[i] != HEAP))
+            self.overdue_dispatched += 1
         return out
 
     def _due_retests(self, k: int) -> list[int]:
@@ -177,6 +213,7 @@ class PrioritySampler:
     def _take(self, i: int, retest: bool = False) -> int:
         self.state[i] = IN_FLIGHT
         self.retests_dispatched += retest
+        self.last_dispatched[i] = self.dispatched
         return i
 
     def _take_unseen(self, g: int) -> int:
@@ -187,22 +224,30 @@ class PrioritySampler:
         return self._take(i)
 
     # -- observing --------------------------------------------------------------------
-    def observe(self, i: int, rewards, version: int) -> None:
+    def observe(self, i: int, rewards, version: int, threshold: float = 1.0) -> None:
         """Record one returned group's rewards for problem i."""
-        self.observe_many([i], [sum(1 for r in rewards if r > 0)], [len(rewards)], version)
+        solved, attempts, signal = group_outcome(rewards, threshold)
+        self.observe_many([i], [solved], [attempts], version, signal=[signal])
 
-    def observe_many(self, idx, solved, attempts, version: int) -> None:
+    def observe_many(self, idx, solved, attempts, version: int, signal=None) -> None:
         """Record returned groups (problem ``idx[j]``: ``solved[j]`` of ``attempts[j]``
-        rewards positive), vectorised; then move each problem to the heap or a pool."""
+        completions solved; ``signal[j]``: whether its rewards differ, by default whether some
+        but not all were solved), vectorised; then move each problem to the heap or a pool."""
         idx = np.asarray(idx, dtype=np.int64)
         solved = np.asarray(solved, dtype=np.float32)
         attempts = np.asarray(attempts, dtype=np.float32)
+        signal = (solved > 0) & (solved < attempts) if signal is None else np.asarray(signal, dtype=bool)
         self.version = max(self.version, version)
         self._count_first_groups(idx, solved, attempts)
+        if self.half_life:
+            tested = idx[self._last_tested_np[idx] >= 0]
+            kept = forgetting(version - self._last_tested_np[tested], self.half_life).astype(np.float32)
+            self._successes_np[tested] *= kept
+            self._attempts_np[tested] *= kept
         np.add.at(self._successes_np, idx, solved)
         np.add.at(self._attempts_np, idx, attempts)
         self._last_tested_np[idx] = version
-        self._route(idx, solved, attempts)
+        self._route(idx, solved, attempts, signal)
 
     def _count_first_groups(self, idx, solved, attempts) -> None:
         """First results count in their group's first-visit rate. A first result this sampler
@@ -227,12 +272,12 @@ class PrioritySampler:
             order[j], order[pos] = order[pos], i
             self.unseen_pos[g] += 1
 
-    def _route(self, idx, solved, attempts) -> None:
-        """All solved (all failed) for a whole group's worth of completions in a row: to the
-        solved (unsolved) pool; otherwise back to the heap with a fresh clock."""
+    def _route(self, idx, solved, attempts, signal) -> None:
+        """No signal and all solved (all failed) for a whole group's worth of completions in a
+        row: to the solved (unsolved) pool; otherwise back to the heap with a fresh clock."""
         streak = self._streak_np[idx].astype(np.int64)
         n = attempts.astype(np.int64)
-        all_solved, all_failed = solved == attempts, solved == 0
+        all_solved, all_failed = ~signal & (solved == attempts), ~signal & (solved == 0)
         streak = np.where(all_solved, np.where(streak > 0, streak + n, n),
                           np.where(all_failed, np.where(streak < 0, streak - n, -n), 0))
         self._streak_np[idx] = np.clip(streak, -(1 << 30), 1 << 30)
@@ -317,7 +362,8 @@ class PrioritySampler:
 
     def metrics(self) -> dict:
         return {**self.pool_sizes(), "problems_seen": int((self._attempts_np > 0).sum()),
-                "retest_share": self.retests_dispatched / max(1, self.dispatched)}
+                "retest_share": self.retests_dispatched / max(1, self.dispatched),
+                "overdue_share": self.overdue_dispatched / max(1, self.dispatched)}
 
     def success_rates(self) -> np.ndarray:
         """Observed success rate of every tested problem (NaN where untested)."""
@@ -339,9 +385,10 @@ class PrioritySampler:
             "solved_pool": np.asarray(self.pools[SOLVED], dtype=np.int64),
             "unsolved_pool": np.asarray(self.pools[UNSOLVED], dtype=np.int64),
             "retest_queue": np.asarray(self.retest_queue, dtype=np.int64),
+            "overdue": np.asarray(self.overdue, dtype=np.int64),
             "rng": self.rng.bit_generator.state, "virtual_time": self.now,
             "counters": [self.version, self.last_retest_version, self.dispatched, self.retests_dispatched,
-                         self.unseen_dispatched, self.unseen_cursor],
+                         self.unseen_dispatched, self.unseen_cursor, self.overdue_dispatched, self.next_scan],
         }
 
     def check_state(self, st: dict) -> None:
@@ -353,6 +400,9 @@ class PrioritySampler:
         fits = st.get("sampler") == "priority" and (len(st["arrays"]["group"]), st.get("groups")) == (self.n, self.num_groups)
         labels = f" in {self.num_groups} prior groups" if self.num_groups > 1 else " without a label"
         expect_state(st, "priority", f"{self.n:,} problems{labels}", fits)
+        missing = [f"arrays.{k}" for k in self.ARRAYS if k not in st["arrays"]] + (["overdue"] if "overdue" not in st else [])
+        if missing or len(st["counters"]) != 8:
+            raise ValueError(f"the snapshot lacks {', '.join(missing) or 'counters'}: an older release made it")
         groups, heap = self.num_groups, len(st["heap_keys"])
         if sorted(st["unseen_order"], key=int) != [str(g) for g in range(groups)]:
             raise ValueError(f"unseen_order is for groups {sorted(st['unseen_order'], key=int)}, not 0..{groups - 1}")
@@ -361,7 +411,7 @@ class PrioritySampler:
                       "heap_stamps": (st["heap_stamps"], heap), "heap_problems": (st["heap_problems"], heap)})
         expect_inside({"arrays.group": (st["arrays"]["group"], 0, groups),
                        "heap_problems": (st["heap_problems"], -groups, self.n),  # a group's clock is -1 - group
-                       **{k: (st[k], 0, self.n) for k in ("solved_pool", "unsolved_pool", "retest_queue")},
+                       **{k: (st[k], 0, self.n) for k in ("solved_pool", "unsolved_pool", "retest_queue", "overdue")},
                        **{f"unseen_order.{g}": (st["unseen_order"][str(g)], 0, self.n) for g in range(groups)},
                        **{f"unseen_pos.{g}": ([p], 0, len(st["unseen_order"][str(g)]) + 1)
                           for g, p in enumerate(st["unseen_pos"])}})
@@ -378,9 +428,10 @@ class PrioritySampler:
         self.pools = {SOLVED: deque(np.asarray(st["solved_pool"]).tolist()),
                       UNSOLVED: deque(np.asarray(st["unsolved_pool"]).tolist())}
         self.retest_queue = deque(np.asarray(st["retest_queue"]).tolist())
+        self.overdue = deque(np.asarray(st["overdue"]).tolist())
         self.rng.bit_generator.state = st["rng"]
         (self.version, self.last_retest_version, self.dispatched, self.retests_dispatched,
-         self.unseen_dispatched, self.unseen_cursor) = st["counters"]
+         self.unseen_dispatched, self.unseen_cursor, self.overdue_dispatched, self.next_scan) = st["counters"]
         self.now = float(st["virtual_time"])
         self.heap = list(zip(np.asarray(st["heap_keys"]).tolist(), np.asarray(st["heap_stamps"]).tolist(),
                              np.asarray(st["heap_problems"]).astype(int).tolist()))

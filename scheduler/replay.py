@@ -6,7 +6,12 @@ vectorised (no per-draw Python loop over the buffer):
 
 - priority p_i = |A_i| + eps; a draw takes k rollouts without replacement with
   probability proportional to p_i^alpha (Gumbel top-k: keys alpha log p_i + Gumbel);
-  drawn rollouts stay in the buffer;
+  drawn rollouts stay in the buffer; each drawn rollout carries prioritized replay's
+  importance weight (N P_i)^-beta as its sample weight: without it, a replayed group's
+  advantages no longer average zero (the draw favours a group's rare successes or failures,
+  whose |A| is largest). Weights are normalised by the largest of a live rollout with a
+  nonzero advantage (one of advantage 0 has no gradient, and would scale every weight down a
+  thousandfold);
 - ``evict_stale(version, tau_max)`` drops every rollout whose age (learner version minus
   rollout version) exceeds tau_max; the scheduler calls it before every draw;
 - capacity is a FIFO backstop: inserting into a full buffer overwrites the oldest slot.
@@ -21,10 +26,11 @@ import dataclasses
 
 import numpy as np
 
-from prl.formulas import gumbel_keys, replay_log_priority, rollout_age
+from prl.formulas import gumbel_keys, prioritized_replay_weight, replay_log_priority, rollout_age
 from prl.schemas import TrainRollout
 
 BANDS = ("0-25%", "25-50%", "50-75%", "75-100%")
+BETA0 = 0.4  # prioritized replay's importance exponent at version 0 (arXiv 1511.05952), 1 at learner.max_steps
 
 
 def success_band(group_mean_reward: float) -> int:
@@ -87,8 +93,9 @@ class ReplayBuffer:
         for s in slots.tolist():
             self.items[s] = None
 
-    def draw(self, k: int) -> list[TrainRollout]:
-        """Up to k distinct live rollouts, P proportional to priority^alpha, marked is_replay."""
+    def draw(self, k: int, beta: float = 1.0) -> list[TrainRollout]:
+        """Up to k distinct live rollouts, P proportional to priority^alpha, marked is_replay,
+        each with its importance weight at ``beta`` as its sample weight."""
         live = np.flatnonzero(self.alive)
         k = min(k, len(live))
         if k <= 0:
@@ -96,7 +103,11 @@ class ReplayBuffer:
         keys = gumbel_keys(self.log_priority[live], self.rng)
         top = live[np.argpartition(-keys, k - 1)[:k]] if k < len(live) else live
         self.times_drawn[top] += 1
-        return [dataclasses.replace(self.items[s], is_replay=True) for s in top.tolist()]
+        priorities = self.log_priority[live]
+        with_gradient = priorities[priorities > self.alpha * np.log(2 * self.eps)]  # |A| > eps
+        floor = with_gradient.min() if len(with_gradient) else 0.0
+        weights = prioritized_replay_weight(self.log_priority[top], floor, beta).tolist()
+        return [dataclasses.replace(self.items[s], is_replay=True, sample_weight=w) for s, w in zip(top.tolist(), weights)]
 
     def ages(self, learner_version: int) -> np.ndarray:
         return rollout_age(learner_version, self.version[self.alive])

@@ -7,8 +7,10 @@ Config, and returns an object with this interface (the scheduler calls nothing e
 
 - ``next(k, busy) -> list[int]``: up to k problem indices to dispatch, none in ``busy`` (the
   problems in flight) and none retired;
-- ``observe_many(idx, solved, attempts, version)``: returned groups' outcomes (problem
-  ``idx[j]`` solved ``solved[j]`` of ``attempts[j]`` completions at learner ``version``);
+- ``observe_many(idx, solved, attempts, version, signal)``: returned groups' outcomes (problem
+  ``idx[j]`` solved ``solved[j]`` of ``attempts[j]`` completions at learner ``version``, a
+  completion solved when its reward reaches ``task.success_threshold``; ``signal[j]``: whether
+  the group's rewards differ);
 - ``on_version(version)``: the learner's version moved;
 - ``retire(i)``: never choose problem i again (no producer can serve it); ``release(i)``: a
   dispatch of i was abandoned;
@@ -57,7 +59,7 @@ class UniformSampler:
                 out.append(i)
         return out
 
-    def observe_many(self, idx, solved, attempts, version: int) -> None:
+    def observe_many(self, idx, solved, attempts, version: int, signal=None) -> None:
         np.add.at(self.attempts, np.asarray(idx), np.asarray(attempts, dtype=np.int32))
         np.add.at(self.successes, np.asarray(idx), np.asarray(solved, dtype=np.float32))
 

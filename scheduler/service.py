@@ -34,10 +34,10 @@ from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
 from prl.trust import version_problem
 from prl.tasks import group_indices, heldout_problems, train_problems
-from prl.formulas import has_signal
-from prl.scheduler.batches import compose_batch
+from prl.formulas import annealed_beta, group_outcome, has_signal
+from prl.scheduler.batches import compose_batch, replay_advantage_means
 from prl.scheduler.evaluation import Evaluator
-from prl.scheduler.replay import ReplayBuffer
+from prl.scheduler.replay import BETA0, ReplayBuffer
 from prl.scheduler.archive import RolloutArchive
 from prl.scheduler.archive import root as archive_root
 from prl.scheduler.samplers import make_sampler
@@ -203,7 +203,7 @@ class Scheduler(Service):
     def accept_rollouts(self) -> None:
         with self.timed("kafka_io"):
             msgs = self.rollouts.poll(self.poll_s)
-        outcomes: list[tuple[int, int, int]] = []  # (problem, solved, attempts), observed together
+        outcomes: list[tuple[int, int, int, bool]] = []  # (problem, solved, attempts, signal), observed together
         for msg in msgs:
             group = self.decode_or_dead_letter(msg, (RolloutGroup, EvalResult))
             if isinstance(group, EvalResult):
@@ -215,10 +215,11 @@ class Scheduler(Service):
                 self.coords[group.dispatch_id] = (msg.topic, msg.partition, msg.offset)
             problem = self.accept(group)
             if problem is not None:
-                outcomes.append((problem, sum(r > 0 for r in group.rewards), len(group.rewards)))
+                outcomes.append((problem, *group_outcome(group.rewards, self.cfg.task.success_threshold)))
         if outcomes:  # offsets are committed with each snapshot: a restart re-reads what came after it
+            problems, solved, attempts, signal = zip(*outcomes)
             with self.timed("statistics"):
-                self.sampler.observe_many(*zip(*outcomes), self.learner_version)
+                self.sampler.observe_many(problems, solved, attempts, self.learner_version, signal=signal)
 
     def acceptable(self, msg, group: RolloutGroup) -> bool:
         """A group for a problem of this run, made by a version the learner can have made
@@ -346,6 +347,7 @@ class Scheduler(Service):
                 rollouts_generated=self.rollouts_generated, tau_max=cfg.tau_max,
                 max_tokens=self.cfg.transport.kafka.max_message_bytes // BATCH_BYTES_PER_TOKEN,
                 buffer=self.replay, replay_ratio=cfg.replay.ratio, warmup_updates=cfg.replay.warmup_updates,
+                replay_beta=annealed_beta(BETA0, self.learner_version, self.cfg.learner.max_steps),
                 drop_zero_signal=self.zero_variance_filter,
             )
 
@@ -396,7 +398,7 @@ class Scheduler(Service):
             dispatch_id, index = r.rollout_id.rsplit("/", 1)
             topic, partition, offset = self.coords[dispatch_id]
             refs.append(RolloutRef(r.rollout_id, topic, partition, offset, int(index), r.policy_version, r.is_replay,
-                                   r.advantage))
+                                   r.advantage, r.sample_weight))
         self.prune_coords()
         return TrainBatchRefs(batch.batch_id, batch.seq, batch.learner_version, batch.rollouts_generated, refs,
                               batch.created_at, batch.epoch)
@@ -526,6 +528,7 @@ class Scheduler(Service):
             "signal_share": self.groups_with_signal / max(1, self.groups_returned),
             "batch_rollouts": len(batch.rollouts),
             "batch_replayed": sum(r.is_replay for r in batch.rollouts),
+            **replay_advantage_means([r for r in batch.rollouts if r.is_replay]),
             **({f"replay/{k}": v for k, v in self.replay.metrics(self.learner_version).items()} if self.replay else {}),
             "in_flight": len(self.in_flight),
             **{f"seconds/{k}": v for k, v in self.seconds.items()},

@@ -63,6 +63,7 @@ class TaskConfig(Section):
     train_path: str | None = Field(None, description="Training problems, Parquet or JSONL, path or URI (none: the built-in addition task).")
     heldout_path: str | None = Field(None, description="Held-out problems for evaluation (none with a dataset: no evaluation).")
     group_field: str | None = Field(None, description="Column whose values group problems for the priority's shared prior (none: one group, no label).")
+    success_threshold: float = Field(1.0, description="A completion counts as solved when its reward is at least this (success rates, retest pools).")
 
 
 class ModelConfig(Section):
@@ -124,6 +125,7 @@ class LearnerConfig(Section):
     lr: float = Field(3e-5, gt=0, lt=1, description="AdamW learning rate.")
     clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio lower clip: 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio upper clip: 1 + clip_high.")
+    correction: Literal["none", "token_tis", "sequence_mask", "icepop", "decoupled"] = Field("none", description="Off-policy correction: none (clip against the sampler's log-probs) or a decoupled weight (learner/grpo.py).")
     max_steps: int = Field(200, ge=1, description="Stop after this many optimizer steps.")
     checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint (weights, optimizer, offsets) every N steps; versions go out every step.")
     eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps, and at the last (0: never).")

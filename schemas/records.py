@@ -233,7 +233,9 @@ class RolloutGroup:
 
 @record()
 class TrainRollout:
-    """A rollout as the learner sees it: tokens, behaviour log-probs, frozen advantage."""
+    """A rollout as the learner sees it: tokens, behaviour log-probs, frozen advantage, and
+    ``sample_weight``, the importance weight of a replayed rollout's prioritized draw (1 for a
+    fresh one)."""
 
     rollout_id: str
     problem_id: str
@@ -245,16 +247,18 @@ class TrainRollout:
     prompt_ids: TokenIds
     completion_ids: TokenIds
     logprobs: LogProbs
+    sample_weight: Float32 = 1.0
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
 
 
-@record("train_batch", schema_version=2)
+@record("train_batch", schema_version=3)
 class TrainBatch:
     """One optimizer step's worth of rollouts: fresh ones first, then replayed ones. ``epoch``:
-    the scheduler's that composed it (prl/epochs.py). Schema version 2: version 1 had no epoch."""
+    the scheduler's that composed it (prl/epochs.py). Schema version 3: version 2 had no
+    sample weights, version 1 no epoch."""
 
     batch_id: str
     seq: int
@@ -273,6 +277,7 @@ class TrainBatch:
         for r in self.rollouts:
             _require(0 <= r.policy_version <= MAX_COUNT, "invalid_value", "policy_version out of range")
             _require(math.isfinite(r.advantage) and math.isfinite(r.reward), "invalid_value", "advantage or reward not finite")
+            _require(0 < r.sample_weight <= 1, "invalid_value", "sample_weight outside (0, 1]")
             _require(valid_temperature(r.temperature), "invalid_value", "temperature is not a sampling temperature")
             _require(len(r.logprobs) == len(r.completion_ids) > 0, "invalid_value", "logprobs/token length mismatch")
             _require(valid_logprobs(r.logprobs), "invalid_value", "log-prob not finite or above 0")
@@ -292,13 +297,14 @@ class RolloutRef:
     policy_version: int
     is_replay: bool
     advantage: Float32
+    sample_weight: Float32 = 1.0
 
 
-@record("train_batch_refs", schema_version=2)
+@record("train_batch_refs", schema_version=3)
 class TrainBatchRefs:
     """A claim-check TrainBatch: references to the rollouts instead of copies of their tokens
     (the learner fetches the groups from the rollouts topic). Fresh references first. Schema
-    version 2: version 1 had no epoch."""
+    version 3: version 2 had no sample weights, version 1 no epoch."""
 
     batch_id: str
     seq: int
@@ -317,6 +323,7 @@ class TrainBatchRefs:
             _require(0 <= r.policy_version <= MAX_COUNT, "invalid_value", "policy_version out of range")
             _require(r.partition >= 0 and r.offset >= 0 and 0 <= r.index < 4096, "invalid_value", "bad reference")
             _require(math.isfinite(r.advantage), "invalid_value", "advantage is not finite")
+            _require(0 < r.sample_weight <= 1, "invalid_value", "sample_weight outside (0, 1]")
 
 
 VERSION_KINDS = ("full", "delta", "adapter")

@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from prl.formulas import bernoulli_variance, has_signal
+from prl.formulas import bernoulli_variance, group_outcome, has_signal
 from prl.scheduler.archive import groups_from_table, read_archive
 from prl.schemas import RolloutGroup, TrainBatch
 from prl.schemas.config import BUILTIN_STRATEGIES
@@ -157,9 +157,10 @@ def simulate(cfg, strategy: str, outcomes: dict[str, list[list[float]]], rounds:
             spent += len(rewards)
             zero_signal += 0 if has_signal(rewards) else len(rewards)
             trained += len(rewards) if (has_signal(rewards) or not getattr(sampler, "zero_variance_filter", False)) else 0
-            outcome.append((sum(r > 0 for r in rewards), len(rewards)))
+            outcome.append(group_outcome(rewards, cfg.task.success_threshold))
         if picks:
-            sampler.observe_many(picks, *zip(*outcome), version)
+            solved, attempts, signal = zip(*outcome)
+            sampler.observe_many(picks, solved, attempts, version, signal=signal)
         bar.update(per_round)
     return {"rollouts_generated": spent, "zero_signal_rollouts": zero_signal, "zero_signal_share": zero_signal / max(1, spent),
             "rollouts_trained": trained, "distinct_problems": len(chosen), "top_problems": chosen.most_common(5)}

@@ -107,7 +107,8 @@ def test_micro_batched_loss_and_gradients_equal_whole_batch():
 
 
 def test_the_training_step_goes_through_the_tested_loss(monkeypatch):
-    """train_step's loss is grpo_loss over the whole batch (micro-batched around it)."""
+    """train_step's loss is grpo_loss over the whole batch (micro-batched around it), divided by
+    the fresh rollouts' tokens."""
     import prl.learner.train as train
     from prl.models import load_model
     from prl.schemas.config import LearnerConfig
@@ -116,11 +117,13 @@ def test_the_training_step_goes_through_the_tested_loss(monkeypatch):
     calls = []
     monkeypatch.setattr(train, "grpo_loss", lambda *a, **k: calls.append(k) or grpo_loss(*a, **k))
     model = load_model("builtin:tiny-adder")
+    total = sum(len(r.completion_ids) for r in rollouts if not r.is_replay)
+    assert 0 < total < sum(len(r.completion_ids) for r in rollouts)
     with torch.no_grad():
         batch = train.pack(rollouts)
-        expected, _ = grpo_loss(train.token_logprobs(model, batch), batch.behaviour_logp, batch.advantage, batch.mask)
+        expected, _ = grpo_loss(train.token_logprobs(model, batch), batch.behaviour_logp, batch.advantage, batch.mask,
+                                total_tokens=total)
     m = train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), rollouts, LearnerConfig(micro_batch_tokens=40))
-    total = sum(len(r.completion_ids) for r in rollouts)
     assert m["micro_batches"] > 1 and [k["total_tokens"] for k in calls if "total_tokens" in k] == [total] * m["micro_batches"]
     assert m["loss"] == pytest.approx(expected.item(), rel=1e-5)
 
@@ -220,4 +223,83 @@ def test_the_mismatch_is_measured_on_age_0_rollouts_alone():
     assert m["mismatch/ratio_mean"] == pytest.approx(math.exp(-0.02), abs=1e-4)
     assert m["mismatch/kl"] == pytest.approx(math.exp(-0.02) - 1 + 0.02, rel=1e-2)
     assert math.exp(-0.021) <= m["mismatch/ratio_q0.001"] <= m["mismatch/ratio_q0.999"] <= math.exp(-0.019)
+    assert m["mismatch/ratio_min"] == pytest.approx(math.exp(-0.02), abs=1e-4)
+    assert m["mismatch/ratio_max"] == pytest.approx(math.exp(-0.02), abs=1e-4)
     assert m["age0/tokens"] == sum(len(r.completion_ids) for r in fresh) and m["stale/tokens"] > 0
+
+
+LOG_RHO = torch.tensor([[0.0, 1.0, -1.0, 2.0], [0.005, 0.005, 0.005, 0.0], [0.05, 0.0, 0.0, 0.0]])
+MASK = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
+
+
+@pytest.mark.parametrize("correction, weight", [
+    ("token_tis", [[1, 2, math.exp(-1), 2], [math.exp(0.005)] * 3 + [0], [math.exp(0.05), 1, 1, 1]]),
+    # geometric means: row 0 exp(0.5) and row 2 exp(0.0125) outside [0.99, 1.01], row 1 exp(0.005) inside
+    ("sequence_mask", [[0, 0, 0, 0], [math.exp(0.005)] * 3 + [0], [0, 0, 0, 0]]),
+    ("icepop", [[1, math.e, 0, 0], [math.exp(0.005)] * 3 + [0], [math.exp(0.05), 1, 1, 1]]),  # e^-1 < 0.5, e^2 > 5
+    ("decoupled", [[1, math.e, math.exp(-1), 0], [math.exp(0.005)] * 3 + [0], [math.exp(0.05), 1, 1, 1]]),
+])
+def test_a_decoupled_correction_weights_each_tokens_policy_gradient(correction, weight):
+    """With the ratio taken against the proximal policy (the learner's own log-probs at the
+    step's start), each token's gradient is -w_t A / T with w_t the correction's weight of
+    rho_t = pi_prox / pi_behaviour; the masked and truncated fractions say where w_t is not rho_t."""
+    logp = torch.full((3, 4), -1.0, requires_grad=True)
+    behaviour = logp.detach() - LOG_RHO
+    advantage = torch.tensor([1.0, -0.5, 2.0])
+    loss, stats = grpo_loss(logp, behaviour, advantage, MASK, correction=correction)
+    loss.backward()
+    expected = -torch.tensor(weight) * advantage.unsqueeze(-1) * MASK / MASK.sum()
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+    w, rho = torch.tensor(weight), LOG_RHO.exp()
+    assert stats["masked"].item() == pytest.approx(((w == 0) & (rho > 0) & (MASK > 0)).sum().item() / MASK.sum().item())
+    assert stats["truncated"].item() == pytest.approx(((w < rho - 1e-6) & (w > 0) & (MASK > 0)).sum().item() / MASK.sum().item())
+
+
+def test_no_correction_clips_against_the_behaviour_log_probs():
+    """correction = none is the PPO clip against the sampler's log-probs: a token whose ratio
+    is past 1 + clip_high with a positive advantage has no gradient; the others have -r A / T."""
+    logp = torch.full((3, 4), -1.0, requires_grad=True)
+    loss, stats = grpo_loss(logp, logp.detach() - LOG_RHO, torch.tensor([1.0, -0.5, 2.0]), MASK)
+    loss.backward()
+    assert logp.grad[0, 1] == 0 and logp.grad[0, 3] == 0  # r = e, e^2 > 1.28 with A > 0
+    assert logp.grad[0, 2].item() == pytest.approx(-math.exp(-1) / MASK.sum().item())
+    assert stats["masked"] == 0 and stats["truncated"] == 0
+
+
+def test_replay_adds_to_the_fresh_gradient_without_diluting_it():
+    """The token mean divides by the fresh tokens: replayed rollouts of advantage 0 leave the
+    step's gradient exactly as the fresh ones alone make it."""
+    from prl.learner.train import train_step
+    from prl.models import load_model
+    from prl.schemas.config import LearnerConfig
+
+    fresh = [dataclasses.replace(r, is_replay=False) for r in random_rollouts(8, seed=3)]
+    replayed = [dataclasses.replace(r, rollout_id=f"x{i}", is_replay=True, advantage=0.0)
+                for i, r in enumerate(random_rollouts(8, seed=4))]
+    grads = []
+    for rollouts in (fresh, fresh + replayed):
+        model = load_model("builtin:tiny-adder", "float32")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("prl.learner.train.GRAD_CLIP", 1e9)
+            train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), rollouts, LearnerConfig())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_a_replayed_rollouts_sample_weight_scales_its_gradient():
+    """A replayed rollout of sample weight 0.5 moves the weights as it would with half its advantage."""
+    from prl.learner.train import train_step
+    from prl.models import load_model
+    from prl.schemas.config import LearnerConfig
+
+    rollouts = [dataclasses.replace(r, is_replay=i % 2 == 1) for i, r in enumerate(random_rollouts(8, seed=6))]
+    weighted = [dataclasses.replace(r, sample_weight=0.5) if r.is_replay else r for r in rollouts]
+    halved = [dataclasses.replace(r, advantage=r.advantage / 2) if r.is_replay else r for r in rollouts]
+    grads = []
+    for batch in (weighted, halved):
+        model = load_model("builtin:tiny-adder", "float32")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("prl.learner.train.GRAD_CLIP", 1e9)
+            train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, LearnerConfig())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)

@@ -196,8 +196,10 @@ def steady_state_picks(s, rates, calls: int, rng) -> tuple[np.ndarray, np.ndarra
 
 def test_picks_follow_priority_in_steady_state_whatever_the_call_size(monkeypatch):
     """After a long history, many small calls pick each problem in proportion to its priority
-    among the problems choosable then: total-variation distance <= 0.05."""
+    among the problems choosable then: total-variation distance <= 0.05 (the wait bound off:
+    it serves the rarest problems ahead of their turn)."""
     monkeypatch.setattr(priority, "UNSEEN_SHARE", 0.0)
+    monkeypatch.setattr(priority, "MAX_WAIT", math.inf)
     rng = np.random.default_rng(0)
     n = 60
     rates = np.linspace(0.02, 0.98, n)
@@ -368,3 +370,65 @@ def test_a_strategy_that_names_nothing_is_one_line(strategy, says):
     with pytest.raises((ConfigError, PluginError)) as err:
         make_sampler(load_config(overrides=[f"scheduler.strategy='{strategy}'"]), np.zeros(4, dtype=int))
     assert says in str(err.value)
+
+
+def test_graded_rewards_go_to_a_pool_only_when_the_zero_variance_filter_drops_them():
+    """With graded rewards a group that was trained (its rewards differ) stays in the heap even
+    when every completion is on one side of the success threshold; a group of equal rewards goes
+    to the pool its threshold says."""
+    s = sampler(n=4, groups=1)
+    picks = s.next(4)
+    for i, rewards in zip(picks, ([0.2, 0.5] * 4, [1.0, 1.5] * 4, [0.2] * 8, [1.0] * 8)):
+        s.observe(i, rewards, 0)
+    assert [s.state[i] for i in picks] == [HEAP, HEAP, UNSOLVED, SOLVED]
+    assert [s.successes[i] for i in picks] == [0, 8, 0, 8]  # solved: reward >= 1.0, the default threshold
+
+
+def test_a_problem_the_policy_regressed_on_is_judged_by_its_recent_results():
+    """Counts halve every HALF_LIFE versions: 40 of 40 solved long ago, then 1 of 8 now, gives
+    an estimate below 1/2 (it was solved, it is not now); without forgetting it stays above 0.8."""
+    estimates = []
+    for half_life in (priority.HALF_LIFE, 0):
+        s = PrioritySampler(np.zeros(4, dtype=np.int32), retest_interval=0, half_life=half_life)
+        i = s.next(1)[0]
+        s.observe_many([i], [40], [40], 0)
+        s.release(i)
+        s.observe_many([i], [1], [8], 5 * int(priority.HALF_LIFE))
+        a, b = s.prior(np.asarray([i]))
+        estimates.append(float((s.successes[i] + a[0]) / (s.attempts[i] + a[0] + b[0])))
+    assert estimates[0] < 0.5 < 0.8 < estimates[1]
+
+
+def dispatch_gaps(groups, success, rounds, per_round=16, seed=0) -> tuple[int, int]:
+    """(problems never dispatched, longest wait in dispatches) over ``rounds`` rounds of
+    ``per_round`` dispatches, one learner version each, results returned at once."""
+    s = PrioritySampler(groups, seed=seed)
+    rng = np.random.default_rng(seed)
+    last = np.zeros(len(groups), dtype=np.int64)
+    longest, dispatched = 0, 0
+    for version in range(rounds):
+        s.on_version(version)
+        picks = s.next(per_round)
+        for i in picks:
+            dispatched += 1
+            longest = max(longest, dispatched - last[i])
+            last[i] = dispatched
+        s.observe_many(picks, [rng.binomial(8, success[i]) for i in picks], [8] * len(picks), version)
+    never = int((last == 0).sum())
+    return never, max(longest, int((dispatched - last[last == 0]).max(initial=0)))
+
+
+@pytest.mark.parametrize("labelled", [False, True])
+def test_no_problem_waits_more_than_three_times_the_pool_in_dispatches(monkeypatch, labelled):
+    """A pool of 1,880 problems, a quarter of them each nearly always, often, rarely and nearly
+    never solved, with and without the label that groups them: over 6 x 1,880 dispatches every
+    problem is dispatched within 3 x 1,880 of the start and of its last dispatch. Without the
+    wait bound some are not (the test can fail)."""
+    n = 1880
+    groups = np.repeat(np.arange(4), n // 4) if labelled else np.zeros(n, dtype=np.int32)
+    success = np.repeat([0.97, 0.6, 0.1, 0.01], n // 4)
+    rounds = 6 * n // 16
+    never, longest = dispatch_gaps(groups, success, rounds)
+    assert never == 0 and longest <= 3 * n, (never, longest)
+    monkeypatch.setattr(priority, "MAX_WAIT", math.inf)
+    assert dispatch_gaps(groups, success, rounds)[1] > 3 * n

@@ -141,3 +141,26 @@ def test_capacity_is_a_fifo_backstop():
     assert len(buffer) == 5 and buffer.evicted_capacity[1] == 3
     assert {r.rollout_id for r in buffer.draw(5)} == {"a3", "a4", "b0", "b1", "b2"}
     assert math.isclose(buffer.metrics(0)["size"], 5)
+
+
+def test_importance_weights_undo_the_draws_bias_toward_rare_outcomes():
+    """A group of 8 with one success: draws proportional to |A|^0.5 favour the success, so the
+    drawn advantages average well above 0; weighted by their sample weights at beta = 1 they
+    average 0, as a uniform draw's would. Weights lie in (0, 1]; a zero-advantage rollout in
+    the buffer does not shrink them."""
+    from prl.formulas import group_advantages
+
+    buffer = ReplayBuffer(capacity=100, seed=3)
+    buffer.insert([rollout(a) for a in group_advantages([1.0] + [0.0] * 7)] + [rollout(0.0)], [0] * 9)
+    drawn = [r for _ in range(20_000) for r in buffer.draw(1, beta=1.0)]
+    raw = np.mean([r.advantage for r in drawn])
+    weighted = np.mean([r.sample_weight * r.advantage for r in drawn]) / np.mean([r.sample_weight for r in drawn])
+    assert raw > 0.3 and abs(weighted) < 0.05
+    assert all(0 < r.sample_weight <= 1 for r in drawn) and max(r.sample_weight for r in drawn) == 1.0
+    assert {r.sample_weight for r in buffer.draw(8, beta=0.0)} == {1.0}  # beta 0: no correction
+
+
+def test_beta_anneals_from_beta0_to_1_at_the_horizon():
+    from prl.formulas import annealed_beta
+
+    assert [annealed_beta(0.4, v, 100) for v in (0, 50, 100, 500)] == pytest.approx([0.4, 0.7, 1.0, 1.0])

@@ -165,6 +165,17 @@ def test_an_announcement_of_schema_version_1_is_refused():
     assert exc.value.reason == "wrong_schema_version" and "want 3" in str(exc.value)
 
 
+def test_a_batch_of_schema_version_2_is_refused():
+    """Version 2 carried no sample weights: a learner of today refuses it with the reason rather
+    than train replayed rollouts without their importance weights."""
+    import pathlib
+
+    old = (pathlib.Path(__file__).parent / "data" / "wire-v2" / "train_batch.arrow").read_bytes()
+    with pytest.raises(DecodeError) as exc:
+        decode(old)
+    assert exc.value.reason == "wrong_schema_version" and "want 3" in str(exc.value)
+
+
 def test_an_announcement_with_weights_names_their_kind_and_checksum():
     with pytest.raises(DecodeError) as exc:
         decode(encode(PolicyVersion(3, "s3://b/run/policy/v-00000003", 2, 0.0)))
