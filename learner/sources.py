@@ -126,7 +126,8 @@ def resolve_batch(record, cache: GroupCache, rollouts_topic: str | None = None,
             raise DecodeError("unresolvable_ref", f"{ref.rollout_id} at {ref.topic}:{ref.partition}:{ref.offset}")
         r = g.rollouts[ref.index]
         rollouts.append(TrainRollout(ref.rollout_id, g.problem_id, g.policy_version, ref.is_replay, ref.advantage, r.reward,
-                                     g.temperature, g.prompt_ids, r.completion_ids, r.logprobs, ref.sample_weight))
+                                     g.temperature, g.prompt_ids, r.completion_ids, r.logprobs, ref.sample_weight,
+                                     r.model_mask))
     batch = TrainBatch(record.batch_id, record.seq, record.learner_version, record.rollouts_generated, rollouts,
                        record.created_at, record.epoch)
     batch.validate()

@@ -33,7 +33,7 @@ class PackedBatch:
     attention_mask: torch.Tensor  # [B, P + C]
     position_ids: torch.Tensor  # [B, P + C], counted from each row's first real token
     targets: torch.Tensor  # [B, C] completion token ids (pad where a row is shorter)
-    mask: torch.Tensor  # [B, C], 1 where the target is a completion token
+    mask: torch.Tensor  # [B, C], 1 where the target is a completion token the model sampled (not an environment's)
     behaviour_logp: torch.Tensor  # [B, C]
     advantage: torch.Tensor  # [B]
     sample_weight: torch.Tensor  # [B] a replayed rollout's importance weight (1 for fresh ones)
@@ -72,7 +72,7 @@ def pack(rollouts: list[TrainRollout], pad_id: int = 0) -> PackedBatch:
         ids[i, P - p : P] = torch.from_numpy(r.prompt_ids.astype(np.int64))
         ids[i, P : P + c] = torch.from_numpy(r.completion_ids.astype(np.int64))
         attn[i, P - p : P + c] = 1
-        mask[i, :c] = 1
+        mask[i, :c] = torch.from_numpy(r.model_mask.astype(np.float32)) if len(r.model_mask) else 1  # the model's tokens
         old[i, :c] = torch.from_numpy(r.logprobs.astype(np.float32))
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
     return PackedBatch(
@@ -211,9 +211,9 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
 
 
 def token_mean_denominator(rollouts: list[TrainRollout]) -> int:
-    """The completion tokens of the batch's fresh rollouts (of all, if none is fresh)."""
-    fresh = sum(len(r.completion_ids) for r in rollouts if not r.is_replay)
-    return fresh or sum(len(r.completion_ids) for r in rollouts)
+    """The trained tokens of the batch's fresh rollouts (of all, if none is fresh)."""
+    fresh = sum(r.model_tokens for r in rollouts if not r.is_replay)
+    return fresh or sum(r.model_tokens for r in rollouts)
 
 
 def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: int, cfg, pad_id: int, world: int, device,

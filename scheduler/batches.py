@@ -25,7 +25,7 @@ def train_rollouts(group: RolloutGroup) -> list[TrainRollout]:
     return [
         TrainRollout(
             f"{group.dispatch_id}/{i}", group.problem_id, group.policy_version, False, a, r.reward,
-            group.temperature, group.prompt_ids, r.completion_ids, r.logprobs,
+            group.temperature, group.prompt_ids, r.completion_ids, r.logprobs, model_mask=r.model_mask,
         )
         for i, (r, a) in enumerate(zip(group.rollouts, advantages))
     ]

@@ -46,6 +46,11 @@ def logprob_array(values) -> np.ndarray:
     return _vector(values, np.float32)
 
 
+def mask_array(values) -> np.ndarray:
+    """A 0/1 token mask as a 1-D uint8 array (no copy when it already is one)."""
+    return _vector(values, np.uint8)
+
+
 def _vector(values, dtype) -> np.ndarray:
     out = np.asarray(values, dtype=dtype)
     if out.ndim != 1:
@@ -59,6 +64,7 @@ Int32 = Annotated[int, pa.int32()]
 Float32 = Annotated[float, pa.float32()]
 TokenIds = Annotated[np.ndarray, pa.list_(pa.int32()), token_ids]
 LogProbs = Annotated[np.ndarray, pa.list_(pa.float32()), logprob_array]
+Mask = Annotated[np.ndarray, pa.list_(pa.uint8()), mask_array]
 _PLAIN = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_(), bytes: pa.binary()}
 
 
@@ -183,18 +189,23 @@ class Dispatch:
 
 @record()
 class Rollout:
-    """One sampled completion with its behaviour log-probs (one per completion token)."""
+    """One sampled completion with its behaviour log-probs (one per completion token). In a
+    multi-turn episode the completion is every turn after the prompt, the environment's too:
+    ``model_mask`` is 1 where the model sampled the token and 0 where the environment wrote it
+    (whose log-probs are 0); empty: every token is the model's."""
 
     completion_ids: TokenIds
     logprobs: LogProbs
     reward: Float32
     finish_reason: str  # "stop" (end of sequence or stop string) or "length"
     text: str = ""
+    model_mask: Mask = field(default_factory=tuple)
 
 
-@record("rollout_group")
+@record("rollout_group", schema_version=2)
 class RolloutGroup:
-    """G completions of one dispatched problem, made by one policy version."""
+    """G completions of one dispatched problem, made by one policy version. Schema version 2:
+    version 1 had no model masks."""
 
     dispatch_id: str
     problem_id: str
@@ -229,6 +240,7 @@ class RolloutGroup:
             _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")
             _require(valid_logprobs(r.logprobs), "invalid_value", "log-prob not finite or above 0")
             _require(valid_token_ids(r.completion_ids), "invalid_value", "negative token id")
+            _require(valid_mask(r.model_mask, r.completion_ids), "invalid_value", "model_mask: 0/1 per token, some 1")
 
 
 @record()
@@ -248,10 +260,16 @@ class TrainRollout:
     completion_ids: TokenIds
     logprobs: LogProbs
     sample_weight: Float32 = 1.0
+    model_mask: Mask = field(default_factory=tuple)  # as Rollout's: the learner trains the model's tokens alone
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def model_tokens(self) -> int:
+        """The completion tokens the model sampled: the ones trained."""
+        return int(self.model_mask.sum()) if len(self.model_mask) else len(self.completion_ids)
 
 
 @record("train_batch", schema_version=3)
@@ -282,6 +300,7 @@ class TrainBatch:
             _require(len(r.logprobs) == len(r.completion_ids) > 0, "invalid_value", "logprobs/token length mismatch")
             _require(valid_logprobs(r.logprobs), "invalid_value", "log-prob not finite or above 0")
             _require(valid_token_ids(r.prompt_ids) and valid_token_ids(r.completion_ids), "invalid_value", "negative token id")
+            _require(valid_mask(r.model_mask, r.completion_ids), "invalid_value", "model_mask: 0/1 per token, some 1")
 
 
 @record()
@@ -435,6 +454,11 @@ def valid_temperature(t: float) -> bool:
 
 def valid_logprobs(lp: np.ndarray) -> bool:
     return bool(np.isfinite(lp).all() and (lp <= 0).all())
+
+
+def valid_mask(mask: np.ndarray, ids: np.ndarray) -> bool:
+    """Empty (every token the model's), or one 0/1 per token with at least one 1."""
+    return not len(mask) or (len(mask) == len(ids) and int(mask.max()) == 1)
 
 
 def valid_token_ids(ids: np.ndarray) -> bool:

@@ -130,7 +130,8 @@ def as_batch(record, groups) -> TrainBatch:
         g = by_dispatch[ref.rollout_id.rsplit("/", 1)[0]]
         r = g.rollouts[ref.index]
         rollouts.append(TrainRollout(ref.rollout_id, g.problem_id, g.policy_version, ref.is_replay, ref.advantage, r.reward,
-                                     g.temperature, g.prompt_ids, r.completion_ids, r.logprobs, ref.sample_weight))
+                                     g.temperature, g.prompt_ids, r.completion_ids, r.logprobs, ref.sample_weight,
+                                     r.model_mask))
     return TrainBatch(record.batch_id, record.seq, record.learner_version, record.rollouts_generated, rollouts,
                       record.created_at, record.epoch)
 

@@ -50,3 +50,28 @@ def test_a_file_that_is_not_parquet_is_named_in_one_line(tmp_path):
         read_archive(str(tmp_path / "archive"))
     assert str(err.value).startswith(f"archive file {bad} is not readable Parquet (")
     assert "move it out of the archive" in str(err.value)
+
+
+def test_an_archive_of_the_previous_release_reads_with_every_token_the_models(tmp_path):
+    """Archives written before model masks existed (no model_mask column in the rollouts) read
+    as they were: every completion token the model's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from prl.scheduler.archive import groups_from_table
+
+    archive = RolloutArchive(str(tmp_path / "archive"))
+    for g in make_groups(3):
+        archive.add(g, 0)
+    archive.close()
+    for f in (tmp_path / "archive").rglob("*.parquet"):
+        table = pq.read_table(f)
+        rollouts = table["rollouts"].combine_chunks()
+        inner = rollouts.values
+        old = pa.StructArray.from_arrays([inner.field(n.name) for n in inner.type if n.name != "model_mask"],
+                                         fields=[n for n in inner.type if n.name != "model_mask"])
+        table = table.set_column(table.schema.get_field_index("rollouts"), "rollouts",
+                                 pa.ListArray.from_arrays(rollouts.offsets, old))
+        pq.write_table(table, f)
+    groups = groups_from_table(read_archive(str(tmp_path / "archive")))
+    assert len(groups) == 3 and all(len(r.model_mask) == 0 for g in groups for r in g.rollouts)

@@ -303,3 +303,27 @@ def test_a_replayed_rollouts_sample_weight_scales_its_gradient():
             train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, LearnerConfig())
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_the_learner_trains_the_models_tokens_alone():
+    """In an episode the environment's tokens are context: they count in no token mean and
+    move no weight, whatever log-probs they carry; the model's tokens train as usual."""
+    from prl.learner import train
+    from prl.models import load_model
+    from prl.schemas.config import LearnerConfig
+
+    base = random_rollouts(6, seed=8)
+    episodes = [dataclasses.replace(r, is_replay=False, model_mask=[1] + [0] * (len(r.completion_ids) - 1))
+                for r in base if len(r.completion_ids) > 2]
+    assert train.pack(episodes).mask.sum() == len(episodes)
+    with torch.no_grad():  # the model's token sampled by these very weights: no clip takes its gradient
+        own = train.token_logprobs(load_model("builtin:tiny-adder", "float32"), train.pack(episodes))[:, 0].tolist()
+    grads, metrics = [], []
+    for env_logprob in (-0.1, -7.0):
+        rollouts = [dataclasses.replace(r, logprobs=[own[i]] + [env_logprob] * (len(r.completion_ids) - 1))
+                    for i, r in enumerate(episodes)]
+        model = load_model("builtin:tiny-adder", "float32")
+        metrics.append(train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), rollouts, LearnerConfig()))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.equal(grads[0], grads[1]) and grads[0].abs().sum() > 0
+    assert metrics[0]["tokens"] == len(episodes) and metrics[0]["loss"] == metrics[1]["loss"]

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -62,7 +63,7 @@ def test_a_null_inside_a_rollout_is_rejected():
 
 def test_headers_carry_kind_version_and_policy_version():
     h = dict(headers(rollout_group(version=7)))
-    assert h == {"kind": b"rollout_group", "schema_version": b"1", "policy_version": b"7"}
+    assert h == {"kind": b"rollout_group", "schema_version": b"2", "policy_version": b"7"}
 
 
 @pytest.mark.parametrize("cut", [0, 1, 10, 100, -1])
@@ -165,15 +166,29 @@ def test_an_announcement_of_schema_version_1_is_refused():
     assert exc.value.reason == "wrong_schema_version" and "want 3" in str(exc.value)
 
 
-def test_a_batch_of_schema_version_2_is_refused():
-    """Version 2 carried no sample weights: a learner of today refuses it with the reason rather
-    than train replayed rollouts without their importance weights."""
+@pytest.mark.parametrize("kind, version, now", [("train_batch", 2, 3), ("rollout_group", 1, 2)])
+def test_a_batch_or_group_of_an_older_schema_is_refused(kind, version, now):
+    """A batch of version 2 carried no sample weights, a group of version 1 no model mask: a
+    service of today refuses them with the reason rather than train without them."""
     import pathlib
 
-    old = (pathlib.Path(__file__).parent / "data" / "wire-v2" / "train_batch.arrow").read_bytes()
+    old = (pathlib.Path(__file__).parent / "data" / f"wire-v{version}" / f"{kind}.arrow").read_bytes()
     with pytest.raises(DecodeError) as exc:
         decode(old)
-    assert exc.value.reason == "wrong_schema_version" and "want 3" in str(exc.value)
+    assert exc.value.reason == "wrong_schema_version" and f"want {now}" in str(exc.value)
+
+
+def test_a_model_mask_is_one_per_token_and_names_a_model_token():
+    group = rollout_group()
+    r = group.rollouts[0]
+    n = len(r.completion_ids)
+    for bad in ([1] * (n + 1), [0] * n, [2] + [1] * (n - 1)):
+        broken = dataclasses.replace(group, rollouts=[dataclasses.replace(r, model_mask=bad)])
+        with pytest.raises(DecodeError) as exc:
+            decode(encode(broken))
+        assert "model_mask" in str(exc.value)
+    ok = dataclasses.replace(group, rollouts=[dataclasses.replace(r, model_mask=[1] + [0] * (n - 1))])
+    assert decode(encode(ok)) == ok
 
 
 def test_an_announcement_with_weights_names_their_kind_and_checksum():
@@ -189,7 +204,7 @@ def test_arrow_schema_is_derived_from_the_annotations():
     assert Dispatch.SCHEMA.field("sampling").type == pa.struct(
         [("temperature", pa.float64()), ("top_p", pa.float64()), ("max_tokens", pa.int32()), ("stop", pa.list_(pa.string()))])
     assert records.nullable_fields(DeadLetter) == {"key"} and not records.nullable_fields(RolloutGroup)
-    assert set(TrainRollout.ARRAYS) == {"prompt_ids", "completion_ids", "logprobs"}
+    assert set(TrainRollout.ARRAYS) == {"prompt_ids", "completion_ids", "logprobs", "model_mask"}
 
 
 def test_every_record_but_a_dead_letter_carries_a_policy_version_header():
