@@ -56,6 +56,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def decode(self, ids: list[int]) -> str: ...
 
+    def encode_turn(self, messages: list[dict], ended: bool) -> list[int]:
+        """The tokens that follow a model turn in an episode: its end as the chat template writes
+        it (less the end token, if the model sampled it: ``ended``), ``messages``, and the
+        prompt of the next model turn."""
+        return encode_turn(self.tokenizer, messages, ended)
+
     max_model_len: int = 1 << 30
 
     def check(self, prompt_ids: list[int], sampling: Sampling) -> None:
@@ -326,6 +332,28 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
 
     rendered = tokenizer.apply_chat_template(json.loads(text), add_generation_prompt=True, tokenize=False)
     return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
+MARK = "\u2063turn\u2063"  # an assistant turn's content, to find where the template writes its end
+
+
+def encode_turn(tokenizer, messages: list[dict], ended: bool) -> list[int]:
+    """``Backend.encode_turn``: the text the chat template adds to a conversation for
+    ``messages`` and the next generation prompt, tokenized without special tokens again, so
+    the episode's tokens are the sampled ones followed by these (no re-tokenization of a turn)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise NoChatTemplate("a multi-turn environment needs a model with a chat template "
+                             "(use an instruct model, e.g. `prl model import smollm2-135m-instruct DIR`)")
+    head = [{"role": "user", "content": "x"}, {"role": "assistant", "content": MARK}]
+    before = tokenizer.apply_chat_template(head, tokenize=False)
+    after = tokenizer.apply_chat_template(head + messages, add_generation_prompt=True, tokenize=False)
+    if not after.startswith(before):
+        raise ValueError("the chat template renders a conversation's earlier turns differently as it grows")
+    tail = before[before.index(MARK) + len(MARK):]
+    eos = tokenizer.eos_token or ""
+    if ended and eos and tail.startswith(eos):
+        tail = tail[len(eos):]
+    return list(tokenizer(tail + after[len(before):], add_special_tokens=False)["input_ids"])
 
 
 class PromptTooLong(ValueError):

@@ -7,7 +7,9 @@ Loop, top to bottom:
   2. poll up to ``max_dispatches_per_call`` dispatches, lingering ``LINGER_S`` to fill the call
      (consumer group: producers share them);
   3. generate G completions for each in one engine call;
-  4. score each completion with the reward function;
+  4. score each completion with the reward function (with ``task.environment``: 3 and 4 are G
+     episodes of the environment per dispatch instead, one engine call per round of turns,
+     prl/episodes.py);
   5. publish one RolloutGroup per dispatch, carrying the loaded policy version (a group
      without a signal as its rewards only, with producer.drop_zero_signal_completions; one too
      big for a message as an error that says so);
@@ -22,12 +24,16 @@ serves the learner's last version and no request has come for ``FINISH_IDLE_S``.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
+from functools import partial
 
 from prl import epochs
 from prl.devices import choose_device
+from prl.environments import Guard, environment_class
+from prl.episodes import close_episodes, run_episodes, start_episodes
 from prl.formulas import has_signal
 from prl.generation import Request, make_backend
 from prl.rewards import RewardRunner, load_reward
@@ -36,7 +42,7 @@ from prl.policy import PolicyReader, VersionRejected, newest_version, version_wh
 from prl.service import Service, TooBig
 from prl.trust import version_problem
 from prl.evaluation import greedy_rewards
-from prl.schemas import Dispatch, EvalRequest, EvalResult, PolicyVersion, Rollout, RolloutGroup
+from prl.schemas import Dispatch, EvalRequest, EvalResult, PolicyVersion, Rollout, RolloutGroup, Sampling
 from prl.schemas.topics import POLICY, PROBLEMS, ROLLOUTS
 
 CATCH_UP_S = 30.0  # at start, read the policy topic to its end (at most this long) before generating
@@ -72,6 +78,8 @@ class Producer(Service):
         self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype, cfg.learner.lora_rank,
                                                choose_device(cfg.run.device), cfg.producer.vllm, beside_learner)
         self.reward = RewardRunner(load_reward(cfg.producer.reward))
+        self.environment = environment_class(cfg.task.environment) if cfg.task.environment else None
+        self.guard = Guard()  # environment calls, each with a time limit
         self.producer_id = producer_id or default_producer_id()
         self.log = self.log.bind(producer_id=self.producer_id)
         self.versions = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
@@ -128,7 +136,7 @@ class Producer(Service):
         version, served = request.version, self.backend.version
         try:
             swap = None if version == served else self.weights_of(version)
-            prompts = [self.backend.encode(p.prompt, chat=p.chat) for p in request.problems]
+            prompts = [] if self.environment else [self.backend.encode(p.prompt, chat=p.chat) for p in request.problems]
         except Exception as exc:  # not rebuildable here, or a prompt the model cannot take
             self.count("evaluations_refused")
             return EvalResult(request.request_id, version, self.producer_id, [], [], [],
@@ -136,14 +144,33 @@ class Producer(Service):
         if swap is not None:
             self.load(*swap, version)
         try:
-            rewards, texts = greedy_rewards(self.backend, prompts, [p.answer for p in request.problems], self.reward,
-                                            request.max_tokens)
+            if self.environment:
+                rewards, texts = self.greedy_episodes(request)
+            else:
+                rewards, texts = greedy_rewards(self.backend, prompts, [p.answer for p in request.problems], self.reward,
+                                                request.max_tokens)
         finally:
             if swap is not None:
                 self.load(*self.serving, served)
         self.count("evaluations_answered")
         return EvalResult(request.request_id, version, self.producer_id, [p.problem_id for p in request.problems],
                           rewards, texts, created_at=time.time())
+
+    def greedy_episodes(self, request: EvalRequest) -> tuple[list[float], list[str]]:
+        """(reward, transcript) of one greedy episode per held-out problem; a problem whose
+        environment cannot start scores 0, with the reason as its text."""
+        started: dict[int, object] = {}
+        texts = [""] * len(request.problems)
+        for i, p in enumerate(request.problems):
+            try:
+                [started[i]] = start_episodes(self.backend, self.guard, partial(self.make_env, p), 1)
+            except Exception as exc:
+                texts[i] = f"{type(exc).__name__}: {exc}"[:400]
+        run_episodes(self.backend, list(started.values()), Sampling(max_tokens=request.max_tokens), self.guard, greedy=True)
+        close_episodes(list(started.values()), self.guard)
+        for i, e in started.items():
+            texts[i] = self.backend.decode(e.tokens)
+        return [started[i].reward if i in started else 0.0 for i in range(len(texts))], texts
 
     def weights_of(self, version: int) -> tuple[str, dict]:
         """(kind, tensors) of a version this producer does not serve: the base model, or an
@@ -257,6 +284,8 @@ class Producer(Service):
     def rollout_groups(self, dispatches: list[Dispatch]) -> list[RolloutGroup]:
         """One RolloutGroup per dispatch: every servable prompt in one engine call; an
         unservable one answered with an error group (the scheduler retires the problem)."""
+        if self.environment is not None:
+            return self.episode_groups(dispatches)
         t0 = time.perf_counter()
         prepared = [self.prepare(d) for d in dispatches]
         groups = []
@@ -291,6 +320,46 @@ class Producer(Service):
         self.counters["reward_timeouts"] = self.reward.timeouts
         return groups
 
+    def make_env(self, problem):
+        """A new environment for ``problem`` (a Dispatch or an EvalProblem): ``task.environment``
+        with its prompt, answer, the run's reward function and its env_args."""
+        cls, extra = self.environment
+        args = json.loads(problem.env_args) if problem.env_args else {}
+        return cls(problem.prompt, problem.answer, self.reward.fn, problem.chat, **extra, **args)
+
+    def episode_groups(self, dispatches: list[Dispatch]) -> list[RolloutGroup]:
+        """One RolloutGroup per dispatch from G episodes of its environment, all dispatches'
+        episodes in one engine call per round of turns; a problem whose environment cannot
+        start is answered with an error group, an episode's fault counted by its reason."""
+        t0 = time.perf_counter()
+        started, groups = [], []
+        for d in dispatches:
+            try:
+                episodes = start_episodes(self.backend, self.guard, partial(self.make_env, d), d.group_size)
+                self.backend.check(episodes[0].prompt_ids, d.sampling)
+                started.append((d, episodes))
+            except Exception as exc:  # a bad problem or environment must not stop the producer
+                self.count("problem_errors")
+                self.log.error("problem_unservable", problem_id=d.problem_id, error=f"{type(exc).__name__}: {exc}")
+                groups.append(RolloutGroup(d.dispatch_id, d.problem_id, self.backend.version, self.producer_id, [],
+                                           d.sampling.temperature, [], created_at=time.time(),
+                                           error=f"{type(exc).__name__}: {exc}"[:400]))
+        if started:
+            run_episodes(self.backend, [e for _, es in started for e in es], started[0][0].sampling, self.guard)
+        seconds = (time.perf_counter() - t0) / max(1, len(started))
+        for d, episodes in started:
+            close_episodes(episodes, self.guard)
+            for e in episodes:
+                if e.finish not in ("stop", "length"):
+                    self.count(f"episode_faults/{e.finish}")
+            rollouts = [e.rollout(self.backend) for e in episodes]
+            if self.cfg.producer.drop_zero_signal_completions and not has_signal([r.reward for r in rollouts]):
+                rollouts = rewards_only(rollouts)
+            groups.append(RolloutGroup(d.dispatch_id, d.problem_id, self.backend.version, self.producer_id,
+                                       episodes[0].prompt_ids, d.sampling.temperature, rollouts, seconds, 0.0, time.time()))
+        self.count("groups_published", len(groups))
+        return groups
+
     def call_metrics(self, groups: list[RolloutGroup]) -> dict:
         """One generation call: its groups, completions and tokens, and the engine's time."""
         served = [g for g in groups if not g.error]
@@ -306,6 +375,7 @@ class Producer(Service):
 
     def close(self) -> None:
         self.reward.close()
+        self.guard.close()
         self.dispatches.close()
         self.policy.close()
         super().close()

@@ -68,7 +68,7 @@ class Evaluator:
             self.request(version, list(range(lo, min(lo + CHUNK, len(self.problems)))), attempt=0)
 
     def request(self, version: int, indices: list[int], attempt: int) -> None:
-        problems = [EvalProblem(p.id, p.prompt, p.answer, p.difficulty, p.chat) for p in (self.problems[i] for i in indices)]
+        problems = [EvalProblem(p.id, p.prompt, p.answer, p.difficulty, p.chat, p.env_args) for p in (self.problems[i] for i in indices)]
         req = EvalRequest(uuid.uuid4().hex, version, problems, self.cfg.sampling.max_tokens, attempt, time.time())
         self.pending[req.request_id] = Pending(version, indices, req.issued_at, attempt)
         self.send(req)

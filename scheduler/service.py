@@ -443,7 +443,7 @@ class Scheduler(Service):
         p = self.problems[idx]
         d = Dispatch(
             uuid.uuid4().hex, p.id, p.prompt, p.answer, group_size, self.sampling,
-            self.learner_version, attempt, time.time(), p.chat,
+            self.learner_version, attempt, time.time(), p.chat, p.env_args,
         )
         self.in_flight[d.dispatch_id] = InFlight(idx, d.issued_at, attempt, group_size)
         self.send(PROBLEMS, d, key=p.id.encode())

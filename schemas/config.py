@@ -64,6 +64,14 @@ class TaskConfig(Section):
     heldout_path: str | None = Field(None, description="Held-out problems for evaluation (none with a dataset: no evaluation).")
     group_field: str | None = Field(None, description="Column whose values group problems for the priority's shared prior (none: one group, no label).")
     success_threshold: float = Field(1.0, description="A completion counts as solved when its reward is at least this (success rates, retest pools).")
+    environment: str | None = Field(None, description="Episodes of this environment per problem, module:Class or skyrl:<id> (none: one completion per prompt).")
+
+    @field_validator("environment")
+    @classmethod
+    def _environment_spec(cls, value: str | None) -> str | None:
+        if value is not None and not (PLUGIN.match(value) or re.fullmatch(r"skyrl:[\w.-]+", value)):
+            raise ValueError(f"{value!r} is neither module:Class nor skyrl:<environment id>")
+        return value
 
 
 class ModelConfig(Section):

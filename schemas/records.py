@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 import types
@@ -165,9 +166,11 @@ class Sampling:
                  "at most 16 stop strings of 1-64 characters")
 
 
-@record("dispatch")
+@record("dispatch", schema_version=2)
 class Dispatch:
-    """The scheduler asks a producer for ``group_size`` completions of one problem."""
+    """The scheduler asks a producer for ``group_size`` completions of one problem (episodes of
+    ``task.environment`` with ``env_args``, where the run has one). Schema version 2: version 1
+    had no env_args."""
 
     dispatch_id: str
     problem_id: str
@@ -179,8 +182,10 @@ class Dispatch:
     attempt: Int32 = 0
     issued_at: float = 0.0
     chat: bool = False  # prompt is a JSON list of chat messages: apply the chat template
+    env_args: str = ""  # the problem's environment arguments, a JSON object ("": none)
 
     def validate(self) -> None:
+        _require(valid_env_args(self.env_args), "invalid_value", "env_args is not a JSON object")
         _require(1 <= self.group_size <= 4096, "invalid_value", "group_size must be in [1, 4096]")
         _require(0 <= self.learner_version <= MAX_COUNT, "invalid_value", "learner_version out of range")
         _require(bool(self.problem_id), "invalid_value", "empty problem_id")
@@ -399,9 +404,10 @@ class EvalProblem:
     answer: str
     difficulty: int = 0
     chat: bool = False
+    env_args: str = ""  # as a Dispatch's
 
 
-@record("eval_request")
+@record("eval_request", schema_version=2)
 class EvalRequest:
     """The scheduler asks a producer to answer held-out problems greedily with policy version
     ``version`` and no other (on the problems topic, beside Dispatches)."""
@@ -419,6 +425,7 @@ class EvalRequest:
         _require(1 <= len(self.problems) <= 4096, "invalid_value", "an evaluation request holds 1 to 4096 problems")
         _require(1 <= self.max_tokens <= MAX_TOKENS, "invalid_value", f"max_tokens must be in [1, {MAX_TOKENS}]")
         _require(all(p.problem_id and p.prompt for p in self.problems), "invalid_value", "a problem without id or prompt")
+        _require(all(valid_env_args(p.env_args) for p in self.problems), "invalid_value", "env_args is not a JSON object")
 
 
 @record("eval_result")
@@ -454,6 +461,16 @@ def valid_temperature(t: float) -> bool:
 
 def valid_logprobs(lp: np.ndarray) -> bool:
     return bool(np.isfinite(lp).all() and (lp <= 0).all())
+
+
+def valid_env_args(text: str) -> bool:
+    """Empty, or a JSON object of at most 64 kB."""
+    if not text:
+        return True
+    try:
+        return len(text) <= 65_536 and isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def valid_mask(mask: np.ndarray, ids: np.ndarray) -> bool:

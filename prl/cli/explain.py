@@ -90,7 +90,19 @@ def history(cfg, problem_id: str, learner_version: int, replay: list) -> list[st
         out.append(f"    v{g.policy_version} (accepted at learner v{accepted_at_version}): rewards "
                    f"{''.join('1' if r > 0 else '0' for r in g.rewards)}, |A| {np.mean(np.abs(adv)):.2f}: "
                    + fates(ids, g.rewards, trained, in_buffer, learner_version, cfg.scheduler.tau_max))
+        out += episode_lines(g)
     return out
+
+
+def episode_lines(g) -> list[str]:
+    """For a group of episodes: each one's turns, how it ended, its reward, and its transcript
+    (the model's and the environment's turns as the tokenizer decodes them), shortened."""
+    from prl.episodes import model_turns
+
+    if not any(len(r.model_mask) for r in g.rollouts):
+        return []
+    return [f"      episode {k}: {model_turns(r.model_mask)} model turn(s), {r.finish_reason}, reward {r.reward:g}: "
+            + " ".join(r.text.split())[:160] for k, r in enumerate(g.rollouts)]
 
 
 def fates(ids: list[str], rewards, trained: set, in_buffer: dict, version: int, tau_max: int) -> str:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
+from prl.episodes import model_turns
 from prl.errors import UsageError
 from prl.schemas import DecodeError, decode
 from prl.schemas.topics import TOPICS, topic_name
@@ -149,8 +150,12 @@ def describe(record, brief: bool = False) -> dict:
             out["n"] = len(value)
             out["mean_reward"] = round(sum(rewards) / len(rewards), 4) if rewards else None
             texts = [getattr(r, "text", "") for r in value if getattr(r, "text", "")]
+            turns = [model_turns(r.model_mask) for r in value if len(getattr(r, "model_mask", ()))]
+            if turns:  # episodes: how many turns the model took, and how each ended
+                out["turns"] = round(sum(turns) / len(turns), 2)
+                out["finish"] = dict(Counter(r.finish_reason for r in value))
             if texts:
-                out["first_text"] = texts[0][:40]
+                out["first_text"] = texts[0][: 200 if turns else 40]
         elif isinstance(value, bytes):
             out[name] = f"<{len(value)} bytes>"
         elif isinstance(value, (list, np.ndarray)) and len(value) > 8:

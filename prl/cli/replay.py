@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from prl.episodes import model_turns
 from prl.formulas import bernoulli_variance, group_outcome, has_signal
 from prl.scheduler.archive import groups_from_table, read_archive
 from prl.schemas import RolloutGroup, TrainBatch
@@ -65,10 +66,14 @@ def report(uri: str, out_dir: str) -> dict:
 
 
 def version_row(version: int, groups: list[RolloutGroup]) -> dict:
+    """One version's groups: rewards, solved and signal shares, and the model's turns per
+    rollout (1 for single-turn tasks; more where episodes used their environment's tools)."""
     rewards = [r for g in groups for r in g.rewards]
+    turns = [model_turns(r.model_mask) for g in groups for r in g.rollouts]
     return {"policy_version": version, "groups": len(groups), "rollouts": len(rewards),
             "mean_reward": float(np.mean(rewards)), "solved_share": float(np.mean([r > 0 for r in rewards])),
-            "signal_share": float(np.mean([has_signal(g.rewards) for g in groups]))}
+            "signal_share": float(np.mean([has_signal(g.rewards) for g in groups])),
+            "turns_mean": float(np.mean(turns)) if turns else 1.0}
 
 
 MAX_LINES = 10  # difficulties drawn as lines of their own in success_trajectories.png
@@ -104,10 +109,10 @@ def final_success_rates(groups: list[RolloutGroup]) -> np.ndarray:
 
 def format_report(rep: dict) -> str:
     lines = [f"{rep['groups']} groups over {rep['problems']} problems; age mean {rep['age_mean']:.2f}, max {rep['age_max']}",
-             f"{'version':>7} {'groups':>7} {'rollouts':>9} {'mean reward':>12} {'reward>0':>9} {'signal':>7}"]
+             f"{'version':>7} {'groups':>7} {'rollouts':>9} {'mean reward':>12} {'reward>0':>9} {'signal':>7} {'turns':>6}"]
     for r in rep["versions"]:
         lines.append(f"{r['policy_version']:>7} {r['groups']:>7} {r['rollouts']:>9} {r['mean_reward']:>12.3f} "
-                     f"{r['solved_share']:>9.3f} {r['signal_share']:>7.3f}")
+                     f"{r['solved_share']:>9.3f} {r['signal_share']:>7.3f} {r['turns_mean']:>6.2f}")
     lines += ["", *(f"wrote {p}" for p in rep["pngs"])]
     return "\n".join(lines)
 

@@ -25,7 +25,8 @@ HELDOUT_SHARE = 5  # one problem in HELDOUT_SHARE belongs to the held-out side
 class Problem:
     """One verifiable problem. ``difficulty`` splits the held-out accuracy in reports; ``group``
     is the label of ``task.group_field`` ("" without one), which keys the shared prior;
-    ``chat`` marks a prompt that is a JSON list of chat messages (for chat templates)."""
+    ``chat`` marks a prompt that is a JSON list of chat messages (for chat templates);
+    ``env_args`` are its environment's arguments, a JSON object (``task.environment``)."""
 
     id: str
     prompt: str
@@ -33,6 +34,7 @@ class Problem:
     difficulty: int
     group: str = ""
     chat: bool = False
+    env_args: str = ""
 
 
 def problem_id(a: int, b: int, digits: int) -> str:

@@ -3,7 +3,9 @@
 Accepted layouts, per row:
 - plain: ``id``, ``prompt`` (text), ``answer`` (text), optional group column;
 - verl-style Parquet: ``prompt`` as a chat list of {role, content} messages and the answer
-  in ``reward_model.ground_truth``; ``id`` from ``extra_info.index`` when there is no ``id``.
+  in ``reward_model.ground_truth``; ``id`` from ``extra_info.index`` when there is no ``id``;
+- either with an optional ``env_args`` (an object, or its JSON text): the arguments of the
+  problem's environment, for runs with ``task.environment`` (prl/environments.py).
 
 A missing column, an empty prompt or a duplicate id fails with a DatasetError naming the
 file and the row.
@@ -67,6 +69,20 @@ def _answer(row: dict):
     return None
 
 
+def _env_args(row: dict, where: str) -> str:
+    """The row's environment arguments as JSON text ("" without any)."""
+    args = row.get("env_args")
+    if args is None or args == "":
+        return ""
+    try:
+        parsed = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise DatasetError(f"{where}: env_args must be an object (or its JSON text)")
+    return json.dumps(parsed, sort_keys=True)
+
+
 def _id(row: dict, n: int):
     if row.get("id") is not None:
         return row["id"]
@@ -105,7 +121,8 @@ def load_problems(uri: str, group_field: str | None = None) -> list[Problem]:
             raise DatasetError(f"{where}: missing column {group_field!r} (task.group_field)")
         difficulty = row.get("difficulty")
         group = str(row[group_field]) if group_field else ""
-        problems.append(Problem(pid, str(prompt), str(answer), difficulty if isinstance(difficulty, int) else 0, group, chat))
+        problems.append(Problem(pid, str(prompt), str(answer), difficulty if isinstance(difficulty, int) else 0, group, chat,
+                                _env_args(row, where)))
     if not problems:
         raise DatasetError(f"{uri}: no rows")
     return problems

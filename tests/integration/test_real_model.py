@@ -150,3 +150,56 @@ def test_a_lora_learner_publishes_the_adapter_alone_and_the_producer_serves_it(s
     assert any(not torch.equal(served[k], base[k]) for k in expected)
     for service in (learner, scheduler, producer):
         service.close()
+
+
+class AskTwice(__import__("prl.environments", fromlist=["Environment"]).Environment):
+    """A two-turn environment: whatever the first answer, it asks to check it once more."""
+
+    max_turns = 2
+
+    def step(self, text):
+        from prl.environments import Step
+
+        if not getattr(self, "asked", False):
+            self.asked = True
+            return Step([{"role": "user", "content": "Check your answer once more and give it again."}], 0.0, False)
+        return Step([], float(self.reward(text, self.answer)), True)
+
+
+@pytest.mark.parametrize("environment", ["tests.integration.test_real_model:AskTwice", "skyrl:gsm8k_multi_turn"])
+def test_episodes_on_the_real_model_train_exactly_the_tokens_sampled(smollm2, tmp_path, environment):
+    """Two-turn episodes on SmolLM2 (our own environment, and skyrl-gym's gsm8k_multi_turn run
+    unchanged through the adapter): the learner's log-probs of the model's tokens, in the
+    context of the whole episode, equal the behaviour log-probs the producer sampled them with
+    (no re-tokenization drift across turns), and a GRPO step on the episodes moves the weights."""
+    import dataclasses
+
+    import torch
+
+    from prl.learner.train import make_optimizer, pack, token_logprobs, train_step
+    from prl.producers.service import Producer
+    from prl.scheduler.batches import train_rollouts
+    from prl.schemas import Dispatch, Sampling
+    from prl.transport.memory import MemoryTransport
+
+    cfg = real_config(smollm2[0], tmp_path, **{"task.environment": environment, "sampling.max_tokens": 12})
+    transport = MemoryTransport()
+    transport.ensure_topics(cfg.run.name)
+    producer = Producer(cfg, transport)
+    args = '{"max_turns": 2}' if environment.startswith("skyrl") else ""
+    dispatches = [Dispatch(f"d{i}", f"p{i}", json.dumps([{"role": "user", "content": f"What is {i} + {i + 3}?"}]),
+                           str(2 * i + 3), 4, Sampling(1.0, 1.0, 12), 0, chat=True, env_args=args) for i in range(3)]
+    groups = producer.rollout_groups(dispatches)
+    assert not [g.error for g in groups if g.error]
+    rollouts = [dataclasses.replace(r, advantage=1.0 if j % 2 else -1.0) for g in groups for j, r in enumerate(train_rollouts(g))]
+    assert any(0 in r.model_mask for r in rollouts) and all(r.model_mask[0] == 1 for r in rollouts if len(r.model_mask))
+    model = producer.backend.model
+    batch = pack(rollouts, producer.backend.pad_id)
+    with torch.no_grad():
+        learner = token_logprobs(model, batch)
+    trained = batch.mask.bool()
+    assert torch.allclose(learner[trained], batch.behaviour_logp[trained], atol=2e-3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = train_step(model, make_optimizer(model, cfg.learner), rollouts, cfg.learner)
+    assert metrics["tokens"] == int(trained.sum()) and any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    producer.close()

@@ -1,0 +1,208 @@
+"""Environments: a problem as an episode of turns (multi-turn and tool-using tasks).
+
+``task.environment`` names the environment class (``module:Class``, or ``skyrl:<id>`` for a
+skyrl-gym environment, run as it is); a producer makes one per episode with the problem's
+prompt, answer, the run's reward function and the row's ``env_args`` (a JSON object: a seed,
+settings). ``reset()`` gives the first messages, ``step(text)`` takes the model's turn and gives
+the environment's next messages, a reward and whether the episode is done; either may be a
+coroutine function. An episode's reward is the sum of its steps'. A single-turn task is the
+one-turn case of the same interface: ``SingleTurn`` is the reward function alone.
+
+Environments are code from outside the producer: ``Guard`` runs their calls on a worker thread
+with a time limit and checks what comes back, and an environment that raises, hangs or answers
+something that is not messages ends its episode with reward 0 and a counted reason
+(``EpisodeFault``); the producer goes on.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import concurrent.futures
+import inspect
+import json
+import math
+import operator
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+ENV_TIMEOUT_S = 10.0  # one reset or step call, at most
+Messages = list[dict]
+
+
+@dataclass(frozen=True)
+class Step:
+    messages: Messages  # what the environment says next ({role, content}), appended as context
+    reward: float
+    done: bool
+
+
+class Environment:
+    """The interface, and the one-turn default: the prompt as the first message."""
+
+    max_turns = 8  # the producer ends an episode after this many model turns
+
+    def __init__(self, prompt: str, answer: str, reward: Callable[[str, str], float], chat: bool = False, **args):
+        self.prompt, self.answer, self.reward, self.chat, self.args = prompt, answer, reward, chat, args
+
+    def reset(self) -> Messages:
+        return json.loads(self.prompt) if self.chat else [{"role": "user", "content": self.prompt}]
+
+    def step(self, text: str) -> Step:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class SingleTurn(Environment):
+    """Today's tasks: one model turn, scored by the reward function."""
+
+    max_turns = 1
+
+    def step(self, text: str) -> Step:
+        return Step([], float(self.reward(text, self.answer)), True)
+
+
+CALC = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
+OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+             ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def arithmetic(expression: str) -> float:
+    """The value of +, -, *, / and parentheses over numbers; ValueError for anything else."""
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
+            return OPERATORS[type(node.op)](value(node.operand))
+        raise ValueError("only numbers, + - * / and parentheses")
+
+    if len(expression) > 200:
+        raise ValueError("expression too long")
+    try:
+        return value(ast.parse(expression.strip(), mode="eval").body)
+    except (SyntaxError, ZeroDivisionError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+class Calculator(Environment):
+    """A calculator tool: a turn that writes ``<calc>expression</calc>`` gets
+    ``<result>value</result>`` back; a turn without one is the answer, scored by the reward
+    function. At most ``max_turns`` turns (args: ``max_turns``)."""
+
+    SYSTEM = ("You can use a calculator. To compute something, write <calc>expression</calc> and stop; "
+              "the result comes back as <result>value</result>. When you know the answer, write only the answer.")
+
+    def __init__(self, prompt, answer, reward, chat=False, max_turns: int = 4, **args):
+        super().__init__(prompt, answer, reward, chat, **args)
+        self.max_turns = int(max_turns)
+        self.turns = 0
+
+    def reset(self) -> Messages:
+        return [{"role": "system", "content": self.SYSTEM}, *super().reset()]
+
+    def step(self, text: str) -> Step:
+        self.turns += 1
+        calls = CALC.findall(text)
+        if not calls or self.turns >= self.max_turns:
+            return Step([], float(self.reward(text, self.answer)), True)
+        try:
+            result = arithmetic(calls[-1])
+            shown = str(int(result)) if float(result).is_integer() else f"{result:.6g}"
+        except (ValueError, OverflowError) as exc:
+            shown = f"error: {exc}"
+        return Step([{"role": "user", "content": f"<result>{shown}</result>"}], 0.0, False)
+
+
+class SkyRL(Environment):
+    """A skyrl-gym environment as it is (``task.environment = "skyrl:<id>"``, e.g.
+    ``skyrl:gsm8k_multi_turn``): made with ``skyrl_gym.make(id, env_config, extras)``, where
+    extras hold the answer as ``reward_spec.ground_truth`` and the row's ``env_args``;
+    ``init`` gives the first messages, ``step`` the rest. Its own reward, not the run's."""
+
+    def __init__(self, prompt, answer, reward, chat=False, env_id: str = "", env_config: dict | None = None, **args):
+        import skyrl_gym
+
+        super().__init__(prompt, answer, reward, chat, **args)
+        extras = {"reward_spec": {"ground_truth": answer}, "extra_info": args.pop("extra_info", {}), **args}
+        self.env = skyrl_gym.make(env_id, env_config=env_config or {}, extras=extras)
+        self.max_turns = int(getattr(self.env, "max_turns", Environment.max_turns))
+
+    def reset(self) -> Messages:
+        messages, _ = self.env.init(super().reset())
+        return messages
+
+    def step(self, text: str) -> Step:
+        out = self.env.step(text)
+        return Step(out["observations"], out["reward"], out["done"])
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def environment_class(spec: str):
+    """(the class ``task.environment`` names, constructor arguments it adds)."""
+    if spec.startswith("skyrl:"):
+        return SkyRL, {"env_id": spec.removeprefix("skyrl:")}
+    from prl.plugins import load
+
+    return load(spec, "task.environment"), {}
+
+
+class EpisodeFault(Exception):
+    """An environment call that raised, hung or answered garbage: ``reason`` is counted."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+def checked_messages(value) -> Messages:
+    if not isinstance(value, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value):
+        raise EpisodeFault("env_garbage", f"messages must be a list of {{role, content}} strings, got {str(value)[:80]}")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def checked_step(value) -> Step:
+    if isinstance(value, tuple) and len(value) == 3:
+        value = Step(*value)
+    if not isinstance(value, Step) or not isinstance(value.done, bool) or isinstance(value.reward, bool) \
+            or not isinstance(value.reward, (int, float)) or not math.isfinite(value.reward):
+        raise EpisodeFault("env_garbage", f"step must give Step(messages, finite reward, done), got {str(value)[:80]}")
+    return Step(checked_messages(value.messages), float(value.reward), value.done)
+
+
+class Guard:
+    """Environment calls on worker threads, each within ``timeout_s``; coroutines are run to
+    their end there. A call that raises or hangs raises EpisodeFault (the hung thread is left
+    behind and a fresh pool serves the next calls)."""
+
+    def __init__(self, timeout_s: float = ENV_TIMEOUT_S, workers: int = 4):
+        self.timeout_s, self.workers = timeout_s, workers
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="environment")
+
+    def call(self, fn, *args):
+        future = self.pool.submit(run_to_end, fn, *args)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="environment")
+            raise EpisodeFault("env_timeout", f"{getattr(fn, '__qualname__', fn)} ran past {self.timeout_s:g} s") from None
+        except EpisodeFault:
+            raise
+        except Exception as exc:
+            raise EpisodeFault("env_error", f"{type(exc).__name__}: {exc}") from None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_to_end(fn, *args):
+    value = fn(*args)
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
