@@ -142,13 +142,14 @@ def task_settings(task: str, workdir: str) -> tuple[str | None, list[str]]:
     fresh model import and dataset otherwise."""
     if task == "builtin":
         return None, []
-    from benchmarks.real import CONFIG, TASK_SETTINGS, TEST, TRAIN
+    from benchmarks.real import TASKS, TEST, TRAIN
     from prl.model_import import import_gguf
     from prl.tasks.reasoning_gym import write_dataset
 
+    config, settings = TASKS["chain_sum"]
     model = import_gguf("smollm2-135m-instruct", f"{workdir}/model", quiet=True).out_dir
-    data = write_dataset(task, TRAIN, TEST, seed=0, out_dir=f"{workdir}/data", settings=TASK_SETTINGS)
-    return str(CONFIG), [f"model.path={json.dumps(model)}", f"task.train_path='{data.out_dir}/train.parquet'",
+    data = write_dataset(task, TRAIN, TEST, seed=0, out_dir=f"{workdir}/data", settings=settings)
+    return str(config), [f"model.path={json.dumps(model)}", f"task.train_path='{data.out_dir}/train.parquet'",
                          f"task.heldout_path='{data.out_dir}/test.parquet'"]
 
 

@@ -22,10 +22,15 @@ from pathlib import Path
 
 from benchmarks.common import count, natural, positive, quiet_console, write_json
 
-CONFIG = Path(__file__).resolve().parent.parent / "examples" / "smollm2-chain-sum-cpu.toml"
-# The data the config trains on, made fresh by the bench with `prl data reasoning-gym`.
-TASK = "chain_sum"
-TASK_SETTINGS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# Each task: its example config, and the data it trains on, made fresh by the bench with `prl
+# data reasoning-gym`: chain_sum of 1-2 digit numbers in one turn, or of 3-digit numbers in
+# episodes with a calculator tool.
+TASKS = {
+    "chain_sum": (EXAMPLES / "smollm2-chain-sum-cpu.toml", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
+    "calculator": (EXAMPLES / "smollm2-calculator-cpu.toml", {"min_terms": 2, "max_terms": 2, "min_digits": 3, "max_digits": 3}),
+}
+TASK = "chain_sum"  # the reasoning-gym generator of both
 TRAIN, TEST = 2000, 200
 
 
@@ -129,7 +134,9 @@ def compare(paths: list[str], out: str) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench real", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=CONFIG, help="the run's config (model and data paths are replaced)")
+    ap.add_argument("--task", choices=sorted(TASKS), default="chain_sum",
+                    help="chain_sum (one turn) or calculator (episodes with a calculator tool, 3-digit numbers)")
+    ap.add_argument("--config", type=Path, help="the run's config (default: the task's example; model and data paths are replaced)")
     ap.add_argument("--seeds", type=count, default=3)
     ap.add_argument("--minutes", type=positive, default=30.0, help="wall-clock budget of each run, final evaluation included")
     ap.add_argument("--model-dir", help="an imported model to reuse (default: a fresh `prl model import` into a temp dir)")
@@ -144,7 +151,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.compare:
         return compare(args.compare, args.png)
-
+    config, task_settings = TASKS[args.task]
+    config = args.config or config
+    if args.task == "calculator":
+        args.long_tokens = 0  # the longer-budget check answers in one turn: not an episode
     from prl.model_import import import_gguf
     from prl.tasks.reasoning_gym import write_dataset
 
@@ -153,19 +163,20 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         model_dir = args.model_dir or import_gguf("smollm2-135m-instruct", f"{tmp}/model", quiet=True).out_dir
         import_s = time.perf_counter() - t0
-        data = write_dataset(TASK, TRAIN, TEST, seed=0, out_dir=f"{tmp}/data", settings=TASK_SETTINGS)
+        data = write_dataset(TASK, TRAIN, TEST, seed=0, out_dir=f"{tmp}/data", settings=task_settings)
         print(f"model: {model_dir} ({'imported in ' + format(import_s, '.0f') + ' s' if not args.model_dir else 'reused'}); "
-              f"data: {TASK} {TASK_SETTINGS}, {data.train} train / {data.test} held-out problems")
+              f"data: {TASK} {task_settings}, {data.train} train / {data.test} held-out problems; task {args.task}")
         start_long = heldout_at(model_dir, f"{data.out_dir}/test.parquet", args.long_tokens) if args.long_tokens else None
         runs = []
         for seed in range(args.seeds):
-            runs.append(one_seed(args.config, model_dir, data.out_dir, seed, args.minutes, args.set, args.long_tokens))
+            runs.append(one_seed(config, model_dir, data.out_dir, seed, args.minutes, args.set, args.long_tokens))
             r = runs[-1]
             print(f"  seed {seed}: {r['start']:.3f} -> {r['end']:.3f} ({100 * (r['end'] - r['start']):+.1f} points) in "
                   f"{r['wall_s'] / 60:.1f} min, {r['steps']} steps, {r['rollouts']:,} rollouts", flush=True)
 
     gains = sorted(100 * (r["end"] - r["start"]) for r in runs)
-    print(f"\nSmolLM2-135M-Instruct, reasoning-gym {TASK}, {args.seeds} seeds x {args.minutes:.0f} min of prl run on 2 CPU cores")
+    print(f"\nSmolLM2-135M-Instruct, {args.task} (reasoning-gym {TASK} {task_settings}), {args.seeds} seeds x "
+          f"{args.minutes:.0f} min of prl run on 2 CPU cores")
     print(f"{'seed':<6}{'before':>8}{'after':>8}{'points':>8}{'0.36 at':>8}{'steps':>7}{'rollouts':>10}{'trained':>9}"
           f"{'wall s':>8}{'generate s':>12}{'train s':>9}{'eval s':>8}{'ckpt s':>8}{'publish s':>11}{'MB/version':>12}")
     for r in runs:

@@ -94,8 +94,9 @@ class Calculator(Environment):
     ``<result>value</result>`` back; a turn without one is the answer, scored by the reward
     function. At most ``max_turns`` turns (args: ``max_turns``)."""
 
-    SYSTEM = ("You can use a calculator. To compute something, write <calc>expression</calc> and stop; "
-              "the result comes back as <result>value</result>. When you know the answer, write only the answer.")
+    SYSTEM = ("You have a calculator. To use it, reply with only <calc>expression</calc>, for example "
+              "<calc>123 + 456</calc>, and the result comes back as <result>579</result>. Then reply with only "
+              "the final answer.")
 
     def __init__(self, prompt, answer, reward, chat=False, max_turns: int = 4, **args):
         super().__init__(prompt, answer, reward, chat, **args)
@@ -103,7 +104,11 @@ class Calculator(Environment):
         self.turns = 0
 
     def reset(self) -> Messages:
-        return [{"role": "system", "content": self.SYSTEM}, *super().reset()]
+        """The prompt, its system message (if any) preceded by how to use the calculator."""
+        messages = super().reset()
+        if messages and messages[0]["role"] == "system":
+            return [{"role": "system", "content": f"{self.SYSTEM} {messages[0]['content']}"}, *messages[1:]]
+        return [{"role": "system", "content": self.SYSTEM}, *messages]
 
     def step(self, text: str) -> Step:
         self.turns += 1

@@ -152,21 +152,7 @@ def test_a_lora_learner_publishes_the_adapter_alone_and_the_producer_serves_it(s
         service.close()
 
 
-class AskTwice(__import__("prl.environments", fromlist=["Environment"]).Environment):
-    """A two-turn environment: whatever the first answer, it asks to check it once more."""
-
-    max_turns = 2
-
-    def step(self, text):
-        from prl.environments import Step
-
-        if not getattr(self, "asked", False):
-            self.asked = True
-            return Step([{"role": "user", "content": "Check your answer once more and give it again."}], 0.0, False)
-        return Step([], float(self.reward(text, self.answer)), True)
-
-
-@pytest.mark.parametrize("environment", ["tests.integration.test_real_model:AskTwice", "skyrl:gsm8k_multi_turn"])
+@pytest.mark.parametrize("environment", ["tests.support.environments:AskTwice", "skyrl:gsm8k_multi_turn"])
 def test_episodes_on_the_real_model_train_exactly_the_tokens_sampled(smollm2, tmp_path, environment):
     """Two-turn episodes on SmolLM2 (our own environment, and skyrl-gym's gsm8k_multi_turn run
     unchanged through the adapter): the learner's log-probs of the model's tokens, in the
