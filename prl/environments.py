@@ -123,6 +123,32 @@ class Calculator(Environment):
         return Step([{"role": "user", "content": f"<result>{shown}</result>"}], 0.0, False)
 
 
+class GuessNumber(Environment):
+    """A guessing game: the answer is a whole number from ``low`` to ``high`` (args); each turn's
+    guess is the first number in the range it writes, answered "Higher." or "Lower." (or how to
+    guess, for a turn without one). Reward 1 for finding it within ``max_turns`` turns (args;
+    default: enough for a binary search, plus one), else 0. Rows: ``prl data guess-number``."""
+
+    def __init__(self, prompt, answer, reward, chat=False, low: int = 1, high: int = 100, max_turns: int | None = None,
+                 **args):
+        super().__init__(prompt, answer, reward, chat, **args)
+        self.low, self.high, self.secret = int(low), int(high), int(answer)
+        self.max_turns = int(max_turns) if max_turns else math.ceil(math.log2(self.high - self.low + 1)) + 1
+
+    def step(self, text: str) -> Step:
+        guess = next((n for n in map(int, NUMBER.findall(text)) if self.low <= n <= self.high), None)
+        if guess == self.secret:
+            return Step([], 1.0, True)
+        if guess is None:
+            say = f"Answer with one whole number from {self.low} to {self.high}."
+        else:
+            say = "Higher." if guess < self.secret else "Lower."
+        return Step([{"role": "user", "content": say}], 0.0, False)
+
+
+NUMBER = re.compile(r"-?\d+")
+
+
 class SkyRL(Environment):
     """A skyrl-gym environment as it is (``task.environment = "skyrl:<id>"``, e.g.
     ``skyrl:gsm8k_multi_turn``): made with ``skyrl_gym.make(id, env_config, extras)``, where

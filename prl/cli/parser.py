@@ -184,6 +184,12 @@ def add_data(sub) -> None:
                     help="generator setting, e.g. --set max_value=30 (repeatable)")
     rg.add_argument("--system", default=None, help="system prompt (default: 'Answer with only the final answer.')")
     rg.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    guess = dsub.add_parser("guess-number", help="the guessing game's problems (prl.environments:GuessNumber)")
+    guess.add_argument("--train", type=int, required=True, help="training problems")
+    guess.add_argument("--test", type=int, required=True, help="held-out problems (no problem in both sets)")
+    guess.add_argument("--seed", type=int, default=0)
+    guess.add_argument("--out", required=True, help="output directory (train.parquet, test.parquet)")
+    guess.add_argument("--debug", action="store_true", help="show the traceback of a failure")
 
 
 def add_config(sub) -> None:

@@ -1,16 +1,15 @@
-"""`prl model import`, `prl model export` and `prl data reasoning-gym`: a model, data to train
-it on, and the trained model out of a run."""
+"""`prl model import`, `prl model export`, `prl data reasoning-gym` and `prl data guess-number`:
+a model, data to train it on, and the trained model out of a run."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 
 def command(args) -> int:
     if args.command == "model":
         return export_model(args) if args.action == "export" else import_model(args)
-    return make_data(args)
+    return make_guesses(args) if args.action == "guess-number" else make_data(args)
 
 
 def export_model(args) -> int:
@@ -40,6 +39,16 @@ def import_model(args) -> int:
     print(f"note: the {s.quantization} weights were dequantized to float32; the model is as good as the quantized "
           f"file, not the original release")
     print(f"use it with: --set model.path={json.dumps(s.out_dir)}")
+    return 0
+
+
+def make_guesses(args) -> int:
+    from prl.tasks.guess import write_dataset
+
+    train, test = write_dataset(args.train, args.test, args.seed, args.out)
+    print(f"wrote {args.out}/train.parquet ({train} problems) and test.parquet ({test}), no problem in both")
+    print(f"train on it with: --set task.train_path='{args.out}/train.parquet' --set task.heldout_path='{args.out}/"
+          "test.parquet' --set task.environment='prl.environments:GuessNumber'")
     return 0
 
 

@@ -185,3 +185,24 @@ def test_inspect_replay_and_explain_show_an_episodes_turns_and_reward():
     assert version_row(0, [group])["turns_mean"] == 2.0
     lines = episode_lines(group)
     assert len(lines) == 2 and "2 model turn(s), stop, reward 1" in lines[0] and "<calc>3+4</calc>" in lines[0]
+
+
+def test_the_guessing_game_answers_each_guess_and_rewards_finding_it():
+    from prl.environments import GuessNumber
+
+    backend = Scripted({9: ["50", "I think 75, or 80", "seven", "62"], 4: ["1", "2", "3", "4", "5"]})
+    [found] = episodes_of(backend, lambda: GuessNumber("9 guess", "62", None, low=1, high=100))
+    [lost] = episodes_of(backend, lambda: GuessNumber("4 guess", "8", None, low=1, high=8))
+    run_episodes(backend, [found, lost], Sampling(max_tokens=4), Guard())
+    assert found.reward == 1.0 and found.turns == 4 and found.env.max_turns == 8
+    assert lost.reward == 0.0 and lost.turns == 4 == lost.env.max_turns and lost.finish == "length"
+
+
+def test_guessing_game_data_never_shares_a_problem_between_train_and_test(tmp_path):
+    from prl.tasks.datasets import load_problems
+    from prl.tasks.guess import write_dataset
+
+    write_dataset(300, 100, 0, str(tmp_path))
+    train, test = (load_problems(str(tmp_path / f"{n}.parquet")) for n in ("train", "test"))
+    assert len(train) == 300 and len(test) == 100 and not {p.id for p in train} & {p.id for p in test}
+    assert all(p.chat and '"low"' in p.env_args for p in train)
