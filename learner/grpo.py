@@ -12,10 +12,10 @@ step's start) and pi_theta. ``correction`` says how the gap between the first tw
   handles engine mismatch and staleness together (bypass mode);
 - the others take the ratio against the proximal policy and multiply each token's surrogate
   by a weight w_t of rho_t = pi_prox / pi_behaviour (decoupled PPO, arXiv 2505.24298):
-  ``token_tis`` min(rho_t, 2) (truncated IS, verl's threshold); ``sequence_mask`` rho_t where
-  the sequence's geometric-mean rho lies in [0.99, 1.01], else 0 (SkyRL's fully asynchronous
-  setting); ``icepop`` rho_t within [0.5, 5], else 0 (IcePop); ``decoupled`` rho_t up to 5,
-  else 0 (AReaL's behaviour-weight cap).
+  ``sequence_mask`` rho_t where the sequence's geometric-mean rho lies in [0.99, 1.01], else 0
+  (SkyRL's fully asynchronous setting); ``icepop`` rho_t within [0.5, 5], else 0 (IcePop);
+  ``decoupled`` rho_t up to 5, else 0 (AReaL's behaviour-weight cap). Token-level truncated IS
+  (min(rho_t, 2)) lost to ``none`` on the real task and was removed (benchmarks/RESULTS.md).
 
 With one optimizer step per batch, pi_theta equals pi_prox wherever the loss is evaluated, so
 the decoupled forms' clip never binds: staleness and mismatch go through w_t alone.
@@ -28,8 +28,7 @@ import math
 import torch
 
 
-CORRECTIONS = ("none", "token_tis", "sequence_mask", "icepop", "decoupled")
-TIS_CAP = 2.0
+CORRECTIONS = ("none", "sequence_mask", "icepop", "decoupled")
 GEOMETRIC_BOUNDS = (0.99, 1.01)
 ICEPOP_BOUNDS = (0.5, 5.0)
 DECOUPLED_CAP = 5.0
@@ -59,14 +58,10 @@ def is_clipped(ratio: torch.Tensor, advantage: torch.Tensor, clip_low: float, cl
         ((ratio > dual_clip) & (advantage < 0))
 
 
-def behaviour_weight(log_rho: torch.Tensor, mask: torch.Tensor, correction: str) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                        torch.Tensor]:
-    """(w_t, where w_t was masked to 0, where it was truncated) for log rho_t =
-    log pi_prox - log pi_behaviour, per ``correction`` (module docstring); detached."""
+def behaviour_weight(log_rho: torch.Tensor, mask: torch.Tensor, correction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w_t, where w_t was masked to 0) for log rho_t = log pi_prox - log pi_behaviour, per
+    ``correction`` (module docstring); detached."""
     rho = torch.exp(log_rho.detach())
-    none = torch.zeros_like(rho, dtype=torch.bool)
-    if correction == "token_tis":
-        return rho.clamp(max=TIS_CAP), none, rho > TIS_CAP
     if correction == "sequence_mask":
         log_geo = (log_rho.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         lo, hi = GEOMETRIC_BOUNDS
@@ -77,7 +72,7 @@ def behaviour_weight(log_rho: torch.Tensor, mask: torch.Tensor, correction: str)
         out = rho > DECOUPLED_CAP
     else:
         raise ValueError(f"unknown correction {correction!r}: one of {', '.join(CORRECTIONS)}")
-    return torch.where(out, torch.zeros_like(rho), rho), out, none
+    return torch.where(out, torch.zeros_like(rho), rho), out
 
 
 def approx_kl(ratio: torch.Tensor, logratio: torch.Tensor) -> torch.Tensor:
@@ -90,13 +85,12 @@ def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def surrogate_terms(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, correction: str):
-    """(r_t, w_t, masked, truncated): the surrogate's ratio and each token's weight per
-    ``correction`` (module docstring), and where the weight was masked or truncated."""
+    """(r_t, w_t, masked): the surrogate's ratio and each token's weight per ``correction``
+    (module docstring), and where the weight was masked."""
     if correction == "none":
-        nothing = torch.zeros_like(mask, dtype=torch.bool)
-        return policy_ratio(logp, behaviour_logp), torch.ones_like(logp), nothing, nothing
-    weight, masked, truncated = behaviour_weight(logp.detach() - behaviour_logp, mask, correction)
-    return policy_ratio(logp, logp.detach()), weight, masked, truncated  # r against the proximal policy: 1, with a gradient
+        return policy_ratio(logp, behaviour_logp), torch.ones_like(logp), torch.zeros_like(mask, dtype=torch.bool)
+    weight, masked = behaviour_weight(logp.detach() - behaviour_logp, mask, correction)
+    return policy_ratio(logp, logp.detach()), weight, masked  # r against the proximal policy: 1, with a gradient
 
 
 def grpo_loss(
@@ -116,10 +110,10 @@ def grpo_loss(
     clipped surrogate, T = ``total_tokens`` (default: the tokens under ``mask``; a micro-batch
     passes the whole batch's count, so the micro-batch losses add up to the batch's). r and w
     per ``correction``; s_b = ``sample_weight`` (default 1: a replayed rollout's importance
-    weight). Diagnostics are token means over ``mask``: clip fraction (of r), the masked and
-    truncated fractions (of w), and against the behaviour log-probs the approx KL, ratio mean and max."""
+    weight). Diagnostics are token means over ``mask``: clip fraction (of r), the masked fraction
+    (of w), and against the behaviour log-probs the approx KL, ratio mean and max."""
     adv = advantage.unsqueeze(-1).expand_as(logp)
-    ratio, weight, masked, truncated = surrogate_terms(logp, behaviour_logp, mask, correction)
+    ratio, weight, masked = surrogate_terms(logp, behaviour_logp, mask, correction)
     if sample_weight is not None:
         weight = weight * sample_weight.unsqueeze(-1)
     per_token = weight * clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip)
@@ -130,7 +124,6 @@ def grpo_loss(
         stats = {
             "clip_fraction": token_mean(is_clipped(ratio.detach(), adv, clip_low, clip_high, dual_clip).float(), mask),
             "masked": token_mean(masked.float(), mask),
-            "truncated": token_mean(truncated.float(), mask),
             "approx_kl": token_mean(approx_kl(rho, log_rho), mask),
             "ratio_mean": token_mean(rho, mask),
             "ratio_max": (rho * mask).max(),

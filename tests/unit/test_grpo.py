@@ -233,7 +233,6 @@ MASK = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
 
 
 @pytest.mark.parametrize("correction, weight", [
-    ("token_tis", [[1, 2, math.exp(-1), 2], [math.exp(0.005)] * 3 + [0], [math.exp(0.05), 1, 1, 1]]),
     # geometric means: row 0 exp(0.5) and row 2 exp(0.0125) outside [0.99, 1.01], row 1 exp(0.005) inside
     ("sequence_mask", [[0, 0, 0, 0], [math.exp(0.005)] * 3 + [0], [0, 0, 0, 0]]),
     ("icepop", [[1, math.e, 0, 0], [math.exp(0.005)] * 3 + [0], [math.exp(0.05), 1, 1, 1]]),  # e^-1 < 0.5, e^2 > 5
@@ -242,7 +241,7 @@ MASK = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
 def test_a_decoupled_correction_weights_each_tokens_policy_gradient(correction, weight):
     """With the ratio taken against the proximal policy (the learner's own log-probs at the
     step's start), each token's gradient is -w_t A / T with w_t the correction's weight of
-    rho_t = pi_prox / pi_behaviour; the masked and truncated fractions say where w_t is not rho_t."""
+    rho_t = pi_prox / pi_behaviour; the masked fraction says where w_t is 0."""
     logp = torch.full((3, 4), -1.0, requires_grad=True)
     behaviour = logp.detach() - LOG_RHO
     advantage = torch.tensor([1.0, -0.5, 2.0])
@@ -252,7 +251,6 @@ def test_a_decoupled_correction_weights_each_tokens_policy_gradient(correction, 
     assert torch.allclose(logp.grad, expected, atol=1e-6)
     w, rho = torch.tensor(weight), LOG_RHO.exp()
     assert stats["masked"].item() == pytest.approx(((w == 0) & (rho > 0) & (MASK > 0)).sum().item() / MASK.sum().item())
-    assert stats["truncated"].item() == pytest.approx(((w < rho - 1e-6) & (w > 0) & (MASK > 0)).sum().item() / MASK.sum().item())
 
 
 def test_no_correction_clips_against_the_behaviour_log_probs():
@@ -263,7 +261,7 @@ def test_no_correction_clips_against_the_behaviour_log_probs():
     loss.backward()
     assert logp.grad[0, 1] == 0 and logp.grad[0, 3] == 0  # r = e, e^2 > 1.28 with A > 0
     assert logp.grad[0, 2].item() == pytest.approx(-math.exp(-1) / MASK.sum().item())
-    assert stats["masked"] == 0 and stats["truncated"] == 0
+    assert stats["masked"] == 0
 
 
 def test_replay_adds_to_the_fresh_gradient_without_diluting_it():
