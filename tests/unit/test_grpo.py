@@ -267,40 +267,31 @@ def test_no_correction_clips_against_the_behaviour_log_probs():
 def test_replay_adds_to_the_fresh_gradient_without_diluting_it():
     """The token mean divides by the fresh tokens: replayed rollouts of advantage 0 leave the
     step's gradient exactly as the fresh ones alone make it."""
+    fresh = [dataclasses.replace(r, is_replay=False) for r in random_rollouts(8, seed=3)]
+    replayed = [dataclasses.replace(r, rollout_id=f"x{i}", is_replay=True, advantage=0.0)
+                for i, r in enumerate(random_rollouts(8, seed=4))]
+    assert torch.allclose(step_gradient(fresh), step_gradient(fresh + replayed), atol=1e-6)
+
+
+def step_gradient(rollouts) -> torch.Tensor:
+    """The unclipped gradient of one train_step on ``rollouts`` from the tiny model."""
     from prl.learner.train import train_step
     from prl.models import load_model
     from prl.schemas.config import LearnerConfig
 
-    fresh = [dataclasses.replace(r, is_replay=False) for r in random_rollouts(8, seed=3)]
-    replayed = [dataclasses.replace(r, rollout_id=f"x{i}", is_replay=True, advantage=0.0)
-                for i, r in enumerate(random_rollouts(8, seed=4))]
-    grads = []
-    for rollouts in (fresh, fresh + replayed):
-        model = load_model("builtin:tiny-adder", "float32")
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("prl.learner.train.GRAD_CLIP", 1e9)
-            train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), rollouts, LearnerConfig())
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    model = load_model("builtin:tiny-adder", "float32")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("prl.learner.train.GRAD_CLIP", 1e9)
+        train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), rollouts, LearnerConfig())
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
 def test_a_replayed_rollouts_sample_weight_scales_its_gradient():
     """A replayed rollout of sample weight 0.5 moves the weights as it would with half its advantage."""
-    from prl.learner.train import train_step
-    from prl.models import load_model
-    from prl.schemas.config import LearnerConfig
-
     rollouts = [dataclasses.replace(r, is_replay=i % 2 == 1) for i, r in enumerate(random_rollouts(8, seed=6))]
     weighted = [dataclasses.replace(r, sample_weight=0.5) if r.is_replay else r for r in rollouts]
     halved = [dataclasses.replace(r, advantage=r.advantage / 2) if r.is_replay else r for r in rollouts]
-    grads = []
-    for batch in (weighted, halved):
-        model = load_model("builtin:tiny-adder", "float32")
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("prl.learner.train.GRAD_CLIP", 1e9)
-            train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, LearnerConfig())
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert torch.allclose(step_gradient(weighted), step_gradient(halved), atol=1e-6)
 
 
 def test_the_learner_trains_the_models_tokens_alone():
