@@ -52,12 +52,13 @@ def test_a_benchmark_runs_at_a_small_size_and_stores_its_figures(request, tmp_pa
 
 @pytest.mark.real
 def test_the_real_benchmark_runs_the_tool_using_task(tmp_path, capsys):
-    """`prl bench real --task calculator`: episodes with the calculator, at a small size."""
+    """`prl bench real --task calculator`: episodes with the calculator, at a small size (a
+    context of 1,024 characters: the calculator's instructions and a turn or two fit)."""
     from tests.support.chat_model import make_chat_model
 
     out = tmp_path / "calculator.json"
     assert main(["bench", "real", "--task", "calculator", "--seeds", "1", "--minutes", "0.5", "--set",
-                 'producer.backend="transformers"', "--model-dir", str(make_chat_model(tmp_path / "model")),
+                 'producer.backend="transformers"', "--model-dir", str(make_chat_model(tmp_path / "model", max_len=1024)),
                  "--png", str(tmp_path / "curve.png"), "--json", str(out)]) == 0
     assert json.loads(out.read_text())["runs"][0]["steps"] >= 0
     assert "calculator" in capsys.readouterr().out

