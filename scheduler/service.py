@@ -22,6 +22,7 @@ that version's evaluation, snapshots and finishes.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 import uuid
 from collections import deque
@@ -98,6 +99,8 @@ class Scheduler(Service):
         self.trained = np.zeros(len(self.problems), dtype=np.uint8)  # 1: a fresh group of it with a signal was trained
         self.group_names, labels = group_indices(self.problems)
         self.sampler = make_sampler(cfg, labels)
+        # A sampler of your own written before observe_many took the groups' signal still works.
+        self.observe_signal = "signal" in inspect.signature(self.sampler.observe_many).parameters
         self.zero_variance_filter = bool(getattr(self.sampler, "zero_variance_filter", False))
         self.dynamic_sampling = bool(getattr(self.sampler, "dynamic_sampling", False))
         s = cfg.sampling
@@ -219,7 +222,8 @@ class Scheduler(Service):
         if outcomes:  # offsets are committed with each snapshot: a restart re-reads what came after it
             problems, solved, attempts, signal = zip(*outcomes)
             with self.timed("statistics"):
-                self.sampler.observe_many(problems, solved, attempts, self.learner_version, signal=signal)
+                self.sampler.observe_many(problems, solved, attempts, self.learner_version,
+                                          **({"signal": signal} if self.observe_signal else {}))
 
     def acceptable(self, msg, group: RolloutGroup) -> bool:
         """A group for a problem of this run, made by a version the learner can have made

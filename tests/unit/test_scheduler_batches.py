@@ -54,3 +54,29 @@ def test_the_published_batch_carries_grpo_s_advantages(tmp_path):
     [message] = batches.poll(0.0)
     advantages = [r.advantage for r in decode(message.value, TrainBatch).rollouts]
     assert advantages == pytest.approx(([success] + [failure] * 7) * 4, rel=1e-4)  # four groups alike
+
+
+class OldInterface:
+    """A sampler of one's own written before observe_many took the groups' signal."""
+
+    zero_variance_filter = True
+
+    def __init__(self, groups, cfg):
+        from prl.scheduler.samplers import UniformSampler
+
+        self.inner, self.seen = UniformSampler(len(groups), cfg.run.seed), []
+
+    def observe_many(self, idx, solved, attempts, version):
+        self.seen += list(zip(idx, solved, attempts))
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_sampler_of_the_older_interface_still_observes_results(tmp_path):
+    cfg, transport, scheduler, desk = started(tmp_path, **{"scheduler.strategy": "'tests.unit.test_scheduler_batches:OldInterface'"})
+    looks = desk.read()
+    for d, rewards in zip(looks, ([1.0, 0.0] * 4, [0.0] * 8, [0.0] * 8, [1.0] * 8)):
+        desk.answer(d, rewards)
+    scheduler.step()
+    assert sorted(s for _, s, _ in scheduler.sampler.seen) == [0, 0, 4, 8]
