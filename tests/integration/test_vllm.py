@@ -71,6 +71,33 @@ def test_group_logprobs_agree_with_transformers(engine, reference, temperature):
     assert ((lp - batch.behaviour_logp).abs() * batch.mask).max().item() < 1e-4
 
 
+def test_episodes_on_vllm_are_token_in_token_out(engine, reference):
+    """Two-turn episodes sampled by vLLM: the environment's turn is rendered by the chat
+    template after the sampled tokens, and the transformers model scores the model's tokens in
+    the whole episode's context with vLLM's behaviour log-probs (within 1e-4)."""
+    from functools import partial
+
+    from prl.environments import Guard
+    from prl.episodes import run_episodes, start_episodes
+    from tests.support.environments import AskTwice
+
+    engine.load_state(export_state(reference.model), 0)  # the reference's weights, whatever earlier tests served
+    # (before the tests that start engines of their own: one that stops tears down vLLM's process state)
+    guard = Guard()
+    episodes = start_episodes(engine, guard, partial(AskTwice, json.dumps(MESSAGES), "42", lambda t, a: 0.0, True), 4)
+    run_episodes(engine, episodes, Sampling(1.0, 1.0, 6, []), guard)
+    rollouts = [TrainRollout(f"r{i}", "p", 0, False, 1.0, 0.0, 1.0, e.prompt_ids, r.completion_ids, r.logprobs,
+                             model_mask=r.model_mask)
+                for i, (e, r) in enumerate((e, e.rollout(engine)) for e in episodes)]
+    assert all(e.turns == 2 and 0 in r.model_mask.tolist() for e, r in zip(episodes, rollouts))
+    batch = pack(rollouts, 0)
+    with torch.no_grad():
+        scored = token_logprobs(reference.model, batch)
+    trained = batch.mask.bool()
+    assert torch.allclose(scored[trained], batch.behaviour_logp[trained], atol=1e-4)
+    guard.close()
+
+
 def test_weight_reload_changes_generation(engine, model_dir, tmp_path):
     """Reload known weights into the running engine: greedy output becomes exactly what the
     transformers backend produces with the same weights, and the version is the loaded one."""
@@ -210,27 +237,3 @@ def test_an_exported_model_serves_in_vllm_as_in_transformers(tmp_path):
     finally:
         del served.llm
 
-
-def test_episodes_on_vllm_are_token_in_token_out(engine, reference):
-    """Two-turn episodes sampled by vLLM: the environment's turn is rendered by the chat
-    template after the sampled tokens, and the transformers model scores the model's tokens in
-    the whole episode's context with vLLM's behaviour log-probs (within 1e-4)."""
-    from functools import partial
-
-    from prl.environments import Guard
-    from prl.episodes import run_episodes, start_episodes
-    from tests.support.environments import AskTwice
-
-    guard = Guard()
-    episodes = start_episodes(engine, guard, partial(AskTwice, json.dumps(MESSAGES), "42", lambda t, a: 0.0, True), 4)
-    run_episodes(engine, episodes, Sampling(1.0, 1.0, 6, []), guard)
-    rollouts = [TrainRollout(f"r{i}", "p", 0, False, 1.0, 0.0, 1.0, e.prompt_ids, r.completion_ids, r.logprobs,
-                             model_mask=r.model_mask)
-                for i, (e, r) in enumerate((e, e.rollout(engine)) for e in episodes)]
-    assert all(e.turns == 2 and 0 in r.model_mask.tolist() for e, r in zip(episodes, rollouts))
-    batch = pack(rollouts, 0)
-    with torch.no_grad():
-        scored = token_logprobs(reference.model, batch)
-    trained = batch.mask.bool()
-    assert torch.allclose(scored[trained], batch.behaviour_logp[trained], atol=1e-4)
-    guard.close()

@@ -60,10 +60,10 @@ def test_compare_prints_stored_runs_side_by_side_and_draws_into_a_new_folder(tmp
     curves drawn where asked, its folder made; by default under runs/, never into the repo's docs."""
     from pathlib import Path
 
-    stored = Path(__file__).parents[2] / "benchmarks/results/real-30min-transformers.json"
+    stored = Path(__file__).parents[2] / "benchmarks/results/real-15min-none.json"
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "real", "--compare", str(stored)]) == 0
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("real-30min-transformers"))
-    assert row.split()[3:6] == ["0.465", "0.465", "25.2"]  # end, best, at (minutes)
+    row = next(line for line in out.splitlines() if line.startswith("real-15min-none"))
+    assert row.split()[3:6] == ["0.465", "0.475", "10.3"]  # end, best, at (minutes)
     assert (tmp_path / "runs/bench-real-curve.png").read_bytes()[:4] == b"\x89PNG"
