@@ -291,10 +291,7 @@ class Producer(Service):
         groups = []
         for d, p in zip(dispatches, prepared):
             if isinstance(p, str):
-                self.count("problem_errors")
-                self.log.error("problem_unservable", problem_id=d.problem_id, error=p)
-                groups.append(RolloutGroup(d.dispatch_id, d.problem_id, self.backend.version, self.producer_id, [],
-                                           d.sampling.temperature, [], created_at=time.time(), error=p))
+                groups.append(self.unservable(d, p))
         ok = [(d, p) for d, p in zip(dispatches, prepared) if not isinstance(p, str)]
         if not ok:
             return groups
@@ -320,6 +317,13 @@ class Producer(Service):
         self.counters["reward_timeouts"] = self.reward.timeouts
         return groups
 
+    def unservable(self, d: Dispatch, error: str) -> RolloutGroup:
+        """The error group that answers a dispatch this producer cannot serve (the scheduler retires the problem)."""
+        self.count("problem_errors")
+        self.log.error("problem_unservable", problem_id=d.problem_id, error=error)
+        return RolloutGroup(d.dispatch_id, d.problem_id, self.backend.version, self.producer_id, [],
+                            d.sampling.temperature, [], created_at=time.time(), error=error)
+
     def make_env(self, problem):
         """A new environment for ``problem`` (a Dispatch or an EvalProblem): ``task.environment``
         with its prompt, answer, the run's reward function and its env_args."""
@@ -339,11 +343,7 @@ class Producer(Service):
                 self.backend.check(episodes[0].prompt_ids, d.sampling)
                 started.append((d, episodes))
             except Exception as exc:  # a bad problem or environment must not stop the producer
-                self.count("problem_errors")
-                self.log.error("problem_unservable", problem_id=d.problem_id, error=f"{type(exc).__name__}: {exc}")
-                groups.append(RolloutGroup(d.dispatch_id, d.problem_id, self.backend.version, self.producer_id, [],
-                                           d.sampling.temperature, [], created_at=time.time(),
-                                           error=f"{type(exc).__name__}: {exc}"[:400]))
+                groups.append(self.unservable(d, f"{type(exc).__name__}: {exc}"[:400]))
         if started:
             run_episodes(self.backend, [e for _, es in started for e in es], started[0][0].sampling, self.guard)
         seconds = (time.perf_counter() - t0) / max(1, len(started))
