@@ -92,11 +92,18 @@ def arithmetic(expression: str) -> float:
 class Calculator(Environment):
     """A calculator tool: a turn that writes ``<calc>expression</calc>`` gets
     ``<result>value</result>`` back; a turn without one is the answer, scored by the reward
-    function. At most ``max_turns`` turns (args: ``max_turns``)."""
+    function. At most ``max_turns`` turns (args: ``max_turns``). The first messages are the
+    tool's instructions, one worked exchange that uses it, phrased as reasoning-gym's arithmetic
+    (a small model copies an example far better than it follows a description; a subclass sets
+    its own ``EXAMPLE``), then the problem."""
 
     SYSTEM = ("You have a calculator. To use it, reply with only <calc>expression</calc>, for example "
               "<calc>123 + 456</calc>, and the result comes back as <result>579</result>. Then reply with only "
               "the final answer.")
+    EXAMPLE = [{"role": "user", "content": "State the final answer to the following arithmetic problem: 318 + 475 ="},
+               {"role": "assistant", "content": "<calc>318 + 475</calc>"},
+               {"role": "user", "content": "<result>793</result>"},
+               {"role": "assistant", "content": "793"}]
 
     def __init__(self, prompt, answer, reward, chat=False, max_turns: int = 4, **args):
         super().__init__(prompt, answer, reward, chat, **args)
@@ -104,11 +111,13 @@ class Calculator(Environment):
         self.turns = 0
 
     def reset(self) -> Messages:
-        """The prompt, its system message (if any) preceded by how to use the calculator."""
+        """How to use the calculator (before the prompt's own system message, if any), the
+        worked example, then the prompt's messages."""
         messages = super().reset()
+        system = self.SYSTEM
         if messages and messages[0]["role"] == "system":
-            return [{"role": "system", "content": f"{self.SYSTEM} {messages[0]['content']}"}, *messages[1:]]
-        return [{"role": "system", "content": self.SYSTEM}, *messages]
+            system, messages = f"{self.SYSTEM} {messages[0]['content']}", messages[1:]
+        return [{"role": "system", "content": system}, *self.EXAMPLE, *messages]
 
     def step(self, text: str) -> Step:
         self.turns += 1

@@ -1,12 +1,13 @@
 """Environments and episodes (prl/environments.py, prl/episodes.py) with a scripted engine."""
 
 import asyncio
+import json
 import threading
 
 import pytest
 
-from prl.environments import Calculator, Environment, EpisodeFault, Guard, SingleTurn, Step, arithmetic
-from prl.episodes import Episode, run_episodes, start_episodes
+from prl.environments import CALC, Calculator, Environment, EpisodeFault, Guard, SingleTurn, Step, arithmetic
+from prl.episodes import run_episodes, start_episodes
 from prl.generation import Backend, Completion
 from prl.schemas import Sampling
 
@@ -36,7 +37,7 @@ class Scripted(Backend):
         return out
 
     def encode(self, text, chat=False):
-        return [int(__import__("json").loads(text)[-1]["content"].split()[0])] if chat else [1]
+        return [int(json.loads(text)[-1]["content"].split()[0])] if chat else [1]
 
     def decode(self, ids):
         names = {v: k for k, v in self.vocab.items()}
@@ -77,6 +78,16 @@ def test_a_tool_using_episode_trains_the_models_tokens_and_sums_its_rewards():
     assert backend.calls == 2 and e.finish == "stop" and r.reward == 1.0
     assert r.completion_ids.tolist() == [backend.token("<calc>3+4</calc>"), *ENV_IDS, backend.token("7")]
     assert r.model_mask.tolist() == [1, 0, 0, 1] and r.logprobs.tolist() == [-0.5, 0.0, 0.0, -0.5]
+
+
+def test_the_calculator_shows_a_worked_example_before_the_problem():
+    chat = json.dumps([{"role": "system", "content": "Answer with only the final answer."},
+                       {"role": "user", "content": "What is 2 + 2?"}])
+    messages = Calculator(chat, "4", exact, chat=True).reset()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert messages[0]["content"].endswith("Answer with only the final answer.")
+    assert CALC.fullmatch(messages[2]["content"]) and messages[-1]["content"] == "What is 2 + 2?"
+    assert Calculator("What is 2 + 2?", "4", exact).reset()[1:] == messages[1:]
 
 
 def test_a_single_turn_episode_is_todays_rollout():
