@@ -382,16 +382,17 @@ AUTO_VLLM_MIN_BYTES = 100e6
 
 
 def make_backend(kind: str, model_path: str, dtype: str = "float32", lora_rank: int = 0, device=None, settings=None,
-                 beside_learner: bool = False) -> Backend:
+                 beside_learner: bool = False, seed: int = 0) -> Backend:
     """The backend a config names (``auto``: as `engine_for` chooses), computing on ``device``
     (default the CPU); ``settings``: producer.vllm; ``beside_learner``: the engine shares its GPU
-    with the learner (`prl run`)."""
+    with the learner (`prl run`); ``seed``: vLLM's sampling seed (transformers samples from
+    torch's global generator)."""
     import torch
 
     device = torch.device("cpu") if device is None else device
     on_gpu = device.type == "cuda"
     if engine_for(kind, model_path, on_gpu) == "vllm":
-        return VLLMBackend(model_path, dtype, lora_rank=lora_rank, settings=settings, on_gpu=on_gpu,
+        return VLLMBackend(model_path, dtype, seed=seed, lora_rank=lora_rank, settings=settings, on_gpu=on_gpu,
                            beside_learner=beside_learner)
     return TransformersBackend.from_path(model_path, dtype, device)
 

@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import time
+import zlib
 from functools import partial
 
 from prl import epochs
@@ -61,6 +62,12 @@ def default_producer_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def sampling_seed(run_seed: int, producer_id: str) -> int:
+    """The engine's sampling seed: the run's seed and the producer's name, so no two producers
+    of a run, and no two runs of different seeds, draw the same random stream."""
+    return zlib.crc32(f"{run_seed}/{producer_id}".encode())
+
+
 class Producer(Service):
     name = "producer"
     reads, writes = (PROBLEMS, POLICY), (ROLLOUTS,)
@@ -75,12 +82,13 @@ class Producer(Service):
             import torch
 
             torch.set_num_threads(cfg.run.threads)
+        self.producer_id = producer_id or default_producer_id()
         self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype, cfg.learner.lora_rank,
-                                               choose_device(cfg.run.device), cfg.producer.vllm, beside_learner)
+                                               choose_device(cfg.run.device), cfg.producer.vllm, beside_learner,
+                                               seed=sampling_seed(cfg.run.seed, self.producer_id))
         self.reward = RewardRunner(load_reward(cfg.producer.reward))
         self.environment = environment_class(cfg.task.environment) if cfg.task.environment else None
         self.guard = Guard()  # environment calls, each with a time limit
-        self.producer_id = producer_id or default_producer_id()
         self.log = self.log.bind(producer_id=self.producer_id)
         self.versions = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
         self.serving: tuple[str, dict | None] = ("base", None)  # what is loaded: its kind and tensors

@@ -1,6 +1,6 @@
 """producer.backend = "auto" on a CPU: vLLM for a model of real size, transformers for a tiny
 one (where vLLM's per-step scheduling costs more than the decoding step); on a GPU vLLM whatever
-the size; named engines as asked."""
+the size; named engines as asked; each producer its own sampling seed."""
 
 import importlib.util
 
@@ -40,3 +40,11 @@ def test_auto_on_a_gpu_picks_vllm_whatever_the_size(tmp_path):
     small = model_of(tmp_path, 10_000_000)
     assert engine_for("auto", small, on_gpu=True) == ("vllm" if HAS_VLLM else "transformers")
     assert engine_for("transformers", small, on_gpu=True) == "transformers"
+
+
+def test_each_producer_and_each_run_seed_samples_its_own_stream():
+    from prl.producers.service import sampling_seed
+
+    seeds = {sampling_seed(run, producer) for run in (0, 1) for producer in ("producer-0", "producer-1", "pod-a-1")}
+    assert len(seeds) == 6 and sampling_seed(0, "producer-0") == sampling_seed(0, "producer-0")
+    assert all(0 <= s < 2**32 for s in seeds)  # what vLLM's seed takes
