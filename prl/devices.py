@@ -91,8 +91,8 @@ def limit_heap_fragmentation() -> bool:
     """Keep glibc from holding freed tensor memory: at most 2 malloc arenas, and a fixed trim
     threshold (which also stops glibc raising its mmap threshold, so large buffers are mapped
     and unmapped instead of kept in a heap). Without it a process that trains and samples in
-    threads grows by fragmentation: the calculator example peaked at 13.6 GB in 3 minutes and
-    was killed at 24 GB in 12, against 7.8 GB with these settings. Set once at start, before
+    threads grows by fragmentation: a 3-minute run of the calculator example peaked at 13.6 GB,
+    and at 7.8 GB with these settings (benchmarks/RESULTS.md). Set once at start, before
     threads; a MALLOC_ARENA_MAX in the environment is left to glibc. False where libc is not glibc."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
