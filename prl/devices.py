@@ -90,10 +90,12 @@ M_TRIM_THRESHOLD, M_ARENA_MAX = -1, -8
 def limit_heap_fragmentation() -> bool:
     """Keep glibc from holding freed tensor memory: at most 2 malloc arenas, and a fixed trim
     threshold (which also stops glibc raising its mmap threshold, so large buffers are mapped
-    and unmapped instead of kept in a heap). Without it a process that trains and samples in
-    threads grows by fragmentation: a 3-minute run of the calculator example peaked at 13.6 GB,
-    and at 7.8 GB with these settings (benchmarks/RESULTS.md). Set once at start, before
-    threads; a MALLOC_ARENA_MAX in the environment is left to glibc. False where libc is not glibc."""
+    and unmapped instead of kept in a heap). Episodes of varied length fragment the heap of a
+    process that trains and samples in threads: a 3-minute run of the calculator example peaked
+    at 13.6 GB, and at 7.8 GB with these settings. They cost speed, so only episode runs
+    (``task.environment``) take them: the single-turn real example made 47 steps in 15 minutes
+    with them against 63-69 without (benchmarks/RESULTS.md). Set before the services start; a
+    MALLOC_ARENA_MAX in the environment is left to glibc. False where libc is not glibc."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
     import ctypes

@@ -18,7 +18,6 @@ import signal
 import sys
 
 from prl.cli.parser import build_parser
-from prl.devices import limit_heap_fragmentation
 
 # command -> module of prl.cli with its ``command(args, cfg)``
 COMMAND_MODULES = {"run": "run", "scheduler": "services", "producer": "services", "learner": "services",
@@ -86,7 +85,6 @@ def keep_config(cfg) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a failure a person can fix is one line on stderr and exit code 2
     (``--debug`` shows the traceback)."""
-    limit_heap_fragmentation()
     args = build_parser().parse_args(argv)
     try:
         code = dispatch(args)

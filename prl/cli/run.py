@@ -19,6 +19,7 @@ import structlog
 from prl import logs
 from prl.cli import keep_config
 from prl.cli.console import Console, summary_table
+from prl.devices import limit_heap_fragmentation
 from prl.errors import UsageError
 from prl.metrics import MetricsSink, read_run_metrics
 from prl.plots import learning_curve, priority_histogram
@@ -138,6 +139,8 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     from prl.producers.service import Producer
     from prl.scheduler.service import Scheduler
 
+    if cfg.task.environment:
+        limit_heap_fragmentation()
     transport = MemoryTransport(MemoryBroker())
     transport.ensure_topics(cfg.run.name)
     metrics = MetricsSink(cfg.run.run_dir, trackers=make_trackers(cfg, "run"))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import signal
 import threading
 
+from prl.devices import limit_heap_fragmentation
+
 
 def command(args, cfg) -> int:
     from prl.metrics import MetricsSink
@@ -17,6 +19,8 @@ def command(args, cfg) -> int:
     from prl.transport.memory import MemoryTransport
 
     name = args.command
+    if cfg.task.environment:
+        limit_heap_fragmentation()
     check_writable(cfg.run.run_dir)
     if name == "learner":  # the run's owner: commands given its directory alone start from this config
         from prl.cli import keep_config

@@ -1,5 +1,5 @@
-"""Every `prl` process limits glibc's heap fragmentation at start (prl/devices.py), unless the
-user set MALLOC_ARENA_MAX."""
+"""A run of episodes (`prl run`, `prl producer|learner` with task.environment) limits glibc's heap
+fragmentation (prl/devices.py), unless the user set MALLOC_ARENA_MAX."""
 
 import os
 import platform
