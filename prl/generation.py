@@ -12,6 +12,7 @@ the transformers backend otherwise. Both compute on the device ``run.device`` ch
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ class Backend(abc.ABC):
 class TransformersBackend(Backend):
     """Batched sampling with ``model.generate``; for machines without vLLM and for tests."""
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, seed: int | None = None):
         from prl.devices import module_device
 
         self.model = model
@@ -84,11 +85,14 @@ class TransformersBackend(Backend):
         self.max_model_len = getattr(model.config, "max_position_embeddings", 1 << 30)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
+        self.seed = seed  # sampling draws from this backend's own stream; None: torch's global one
+        self.rng_state = None  # that stream's state between generate calls
 
     @classmethod
-    def from_path(cls, model_path: str, dtype: str = "float32", device=None) -> "TransformersBackend":
+    def from_path(cls, model_path: str, dtype: str = "float32", device=None, seed: int | None = None) -> "TransformersBackend":
         """The model on ``device`` (default the CPU) with its weights rounded to ``dtype`` (what a
-        policy version of that dtype holds), computing in float32 on a CPU and in ``dtype`` on a GPU."""
+        policy version of that dtype holds), computing in float32 on a CPU and in ``dtype`` on a GPU;
+        sampling seeded with ``seed``."""
         import torch
 
         from prl.models import load_model, load_tokenizer
@@ -98,7 +102,7 @@ class TransformersBackend(Backend):
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(p.to(getattr(torch, dtype)))
-        return cls(model.to(device), load_tokenizer(model_path))
+        return cls(model.to(device), load_tokenizer(model_path), seed)
 
     def encode(self, text, chat=False):
         return encode_prompt(self.tokenizer, text, chat)
@@ -131,13 +135,34 @@ class TransformersBackend(Backend):
         for key, idx in by_sampling.items():
             sampling = requests[idx[0]].sampling
             prompts = [requests[i].prompt_ids for i in idx for _ in range(requests[i].n)]
-            with torch.no_grad():
+            with torch.no_grad(), self.own_stream():
                 completions = self._generate(prompts, sampling, greedy)
             pos = 0
             for i in idx:
                 out[i] = completions[pos : pos + requests[i].n]
                 pos += requests[i].n
         return out
+
+    @contextlib.contextmanager
+    def own_stream(self):
+        """Run the body on this backend's random stream (``model.generate`` samples from torch's
+        global generator), leaving the global generator, which a learner in this process shares,
+        as it was."""
+        import torch
+
+        if self.seed is None:
+            yield
+            return
+        cuda = self.device.type == "cuda"
+        with torch.random.fork_rng(devices=[self.device] if cuda else []):
+            if self.rng_state is None:
+                torch.manual_seed(self.seed)
+            else:
+                torch.set_rng_state(self.rng_state[0])
+                if cuda:
+                    torch.cuda.set_rng_state(self.rng_state[1], self.device)
+            yield
+            self.rng_state = (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if cuda else None)
 
     def _generate(self, prompts: list[list[int]], sampling: Sampling, greedy: bool) -> list[Completion]:
         import torch
@@ -385,8 +410,7 @@ def make_backend(kind: str, model_path: str, dtype: str = "float32", lora_rank: 
                  beside_learner: bool = False, seed: int = 0) -> Backend:
     """The backend a config names (``auto``: as `engine_for` chooses), computing on ``device``
     (default the CPU); ``settings``: producer.vllm; ``beside_learner``: the engine shares its GPU
-    with the learner (`prl run`); ``seed``: vLLM's sampling seed (transformers samples from
-    torch's global generator)."""
+    with the learner (`prl run`); ``seed``: the engine's sampling seed."""
     import torch
 
     device = torch.device("cpu") if device is None else device
@@ -394,7 +418,7 @@ def make_backend(kind: str, model_path: str, dtype: str = "float32", lora_rank: 
     if engine_for(kind, model_path, on_gpu) == "vllm":
         return VLLMBackend(model_path, dtype, seed=seed, lora_rank=lora_rank, settings=settings, on_gpu=on_gpu,
                            beside_learner=beside_learner)
-    return TransformersBackend.from_path(model_path, dtype, device)
+    return TransformersBackend.from_path(model_path, dtype, device, seed)
 
 
 def engine_for(kind: str, model_path: str, on_gpu: bool = False) -> str:

@@ -35,3 +35,20 @@ def test_sampled_logprobs_are_the_learners_logprobs_of_those_tokens(temperature)
         learner = token_logprobs(backend.model, batch)
     mask = batch.mask.bool()
     assert torch.allclose(learner[mask], batch.behaviour_logp[mask], atol=1e-4)
+
+
+def test_a_seeded_backend_samples_its_own_stream_and_leaves_the_global_one_alone():
+    model, tokenizer = load_model("builtin:tiny-adder"), load_tokenizer("builtin:tiny-adder")
+
+    def two_calls(seed):
+        backend = TransformersBackend(model, tokenizer, seed=seed)
+        requests = [Request(backend.encode(f"{a}+{b}="), 4, Sampling(temperature=1.0, max_tokens=6)) for a, b in [(3, 4), (12, 9)]]
+        return [[c.token_ids for group in backend.generate(requests) for c in group] for _ in range(2)]
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first, again, other = two_calls(1), two_calls(1), two_calls(2)
+    assert first == again  # one seed, one stream
+    assert first != other  # another seed, another stream
+    assert first[0] != first[1]  # the stream goes on between calls instead of restarting
+    assert torch.equal(torch.get_rng_state(), before)  # a learner beside it draws what it would have
