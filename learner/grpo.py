@@ -4,34 +4,18 @@ Shapes: every per-token tensor is [B, T] with a 0/1 ``mask`` marking completion 
 ``advantage`` is per sequence, [B]. The loss is the PPO clipped surrogate with separate
 low/high clip, a dual clip for negative advantages, and token-mean aggregation.
 
-Three policies meet in an asynchronous run: the behaviour policy that sampled a rollout
-(a producer's engine at an older version), the proximal policy (the learner's weights at the
-step's start) and pi_theta. ``correction`` says how the gap between the first two is handled:
-
-- ``none``: the surrogate's ratio is taken against the behaviour log-probs, and the PPO clip
-  handles engine mismatch and staleness together (bypass mode);
-- the others take the ratio against the proximal policy and multiply each token's surrogate
-  by a weight w_t of rho_t = pi_prox / pi_behaviour (decoupled PPO, arXiv 2505.24298):
-  ``sequence_mask`` rho_t where the sequence's geometric-mean rho lies in [0.99, 1.01], else 0
-  (SkyRL's fully asynchronous setting); ``icepop`` rho_t within [0.5, 5], else 0 (IcePop);
-  ``decoupled`` rho_t up to 5, else 0 (AReaL's behaviour-weight cap). Token-level truncated IS
-  (min(rho_t, 2)) lost to ``none`` on the real task and was removed (benchmarks/RESULTS.md).
-
-With one optimizer step per batch, pi_theta equals pi_prox wherever the loss is evaluated, so
-the decoupled forms' clip never binds: staleness and mismatch go through w_t alone.
+The ratio is taken against the behaviour log-probs: those of the producer's engine, at the
+version that sampled the rollout (bypass mode, in verl's terms). With one optimizer step per batch
+the learner's weights at the step's start are pi_theta itself, so the clip against the sampler is
+the only trust region a stale or mismatched token meets; the decoupled corrections (token-level
+truncated IS, IcePop's token mask, AReaL's decoupled weight, SkyRL's geometric sequence mask),
+which take the ratio against the step's weights and weight each token by pi_learner / pi_sampler,
+lost to it on the real task and were removed (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-
-
-CORRECTIONS = ("none", "sequence_mask", "icepop", "decoupled")
-GEOMETRIC_BOUNDS = (0.99, 1.01)
-ICEPOP_BOUNDS = (0.5, 5.0)
-DECOUPLED_CAP = 5.0
 
 
 def policy_ratio(logp: torch.Tensor, behaviour_logp: torch.Tensor) -> torch.Tensor:
@@ -58,23 +42,6 @@ def is_clipped(ratio: torch.Tensor, advantage: torch.Tensor, clip_low: float, cl
         ((ratio > dual_clip) & (advantage < 0))
 
 
-def behaviour_weight(log_rho: torch.Tensor, mask: torch.Tensor, correction: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w_t, where w_t was masked to 0) for log rho_t = log pi_prox - log pi_behaviour, per
-    ``correction`` (module docstring); detached."""
-    rho = torch.exp(log_rho.detach())
-    if correction == "sequence_mask":
-        log_geo = (log_rho.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        lo, hi = GEOMETRIC_BOUNDS
-        out = ((log_geo < math.log(lo)) | (log_geo > math.log(hi))).unsqueeze(-1).expand_as(rho)
-    elif correction == "icepop":
-        out = (rho < ICEPOP_BOUNDS[0]) | (rho > ICEPOP_BOUNDS[1])
-    elif correction == "decoupled":
-        out = rho > DECOUPLED_CAP
-    else:
-        raise ValueError(f"unknown correction {correction!r}: one of {', '.join(CORRECTIONS)}")
-    return torch.where(out, torch.zeros_like(rho), rho), out
-
-
 def approx_kl(ratio: torch.Tensor, logratio: torch.Tensor) -> torch.Tensor:
     """k3 estimator of KL(behaviour || policy) per token: (r - 1) - log r."""
     return (ratio - 1) - logratio
@@ -84,46 +51,34 @@ def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-def surrogate_terms(logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, correction: str):
-    """(r_t, w_t, masked): the surrogate's ratio and each token's weight per ``correction``
-    (module docstring), and where the weight was masked."""
-    if correction == "none":
-        return policy_ratio(logp, behaviour_logp), torch.ones_like(logp), torch.zeros_like(mask, dtype=torch.bool)
-    weight, masked = behaviour_weight(logp.detach() - behaviour_logp, mask, correction)
-    return policy_ratio(logp, logp.detach()), weight, masked  # r against the proximal policy: 1, with a gradient
-
-
 def grpo_loss(
     logp: torch.Tensor,
     behaviour_logp: torch.Tensor,
     advantage: torch.Tensor,
     mask: torch.Tensor,
     *,
-    correction: str = "none",
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     dual_clip: float = 10.0,
     total_tokens: float | None = None,
     sample_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """L = (1/T) sum_{b,t} mask_bt * s_b * w_bt * clipped_surrogate(r_bt, A_b): the token-mean
-    clipped surrogate, T = ``total_tokens`` (default: the tokens under ``mask``; a micro-batch
-    passes the whole batch's count, so the micro-batch losses add up to the batch's). r and w
-    per ``correction``; s_b = ``sample_weight`` (default 1: a replayed rollout's importance
-    weight). Diagnostics are token means over ``mask``: clip fraction (of r), the masked fraction
-    (of w), and against the behaviour log-probs the approx KL, ratio mean and max."""
+    """L = (1/T) sum_{b,t} mask_bt * s_b * clipped_surrogate(r_bt, A_b): the token-mean clipped
+    surrogate of r = pi_theta / pi_behaviour, T = ``total_tokens`` (default: the tokens under
+    ``mask``; a micro-batch passes the whole batch's count, so the micro-batch losses add up to
+    the batch's); s_b = ``sample_weight`` (default 1: a replayed rollout's importance weight).
+    Diagnostics are token means over ``mask``: clip fraction, approx KL, ratio mean and max."""
     adv = advantage.unsqueeze(-1).expand_as(logp)
-    ratio, weight, masked = surrogate_terms(logp, behaviour_logp, mask, correction)
+    ratio = policy_ratio(logp, behaviour_logp)
+    per_token = clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip)
     if sample_weight is not None:
-        weight = weight * sample_weight.unsqueeze(-1)
-    per_token = weight * clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip)
+        per_token = per_token * sample_weight.unsqueeze(-1)
     loss = (per_token * mask).sum() / (mask.sum().clamp(min=1) if total_tokens is None else total_tokens)
     with torch.no_grad():
         log_rho = (logp - behaviour_logp).detach()
         rho = torch.exp(log_rho)
         stats = {
             "clip_fraction": token_mean(is_clipped(ratio.detach(), adv, clip_low, clip_high, dual_clip).float(), mask),
-            "masked": token_mean(masked.float(), mask),
             "approx_kl": token_mean(approx_kl(rho, log_rho), mask),
             "ratio_mean": token_mean(rho, mask),
             "ratio_max": (rho * mask).max(),

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from prl.devices import autocast, module_device
-from prl.learner.grpo import CORRECTIONS, behaviour_weight, grpo_loss
+from prl.learner.grpo import grpo_loss
 from prl.schemas import TrainRollout
 
 WEIGHT_DECAY = 0.01
@@ -128,12 +128,11 @@ def plan_micro_batches(rollouts: list[TrainRollout], max_tokens: int, world: int
 # Every completion token; fresh rollouts' and replayed ones'; fresh ones sampled by the weights
 # the step starts from (age 0: their ratio is the engine-trainer mismatch alone) and older ones.
 PARTS = ("all", "fresh", "replay", "age0", "stale")
-SUMMED = ("tokens", "clipped", "masked", "approx_kl", "ratio")
+SUMMED = ("tokens", "clipped", "approx_kl", "ratio")
 # The age-0 tokens' log-ratios, counted in bins of 0.001 over [-0.5, 0.5] plus one below and one
 # above (summed over micro-batches and ranks like the rest): the mismatch's quantiles, to 0.1%.
 LOG_RATIO_EDGES = torch.linspace(-0.5, 0.5, 1001, dtype=torch.float64)
 STAT_NAMES = ("loss", *(f"{part}/{name}" for part in PARTS for name in SUMMED),
-              *(f"would/{c}/masked" for c in CORRECTIONS[1:]),
               *(f"age0/log_ratio_bin/{i}" for i in range(len(LOG_RATIO_EDGES) + 1)))
 MISMATCH_QUANTILES = (0.001, 0.01, 0.5, 0.99, 0.999)
 
@@ -150,9 +149,9 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg, version:
     """(this micro-batch's share of the batch loss, detached sums of STAT_NAMES, the age-0
     log-ratios' [max, -min]). The loss is ``grpo_loss`` normalised by the batch's ``total_tokens``,
     so micro-batch losses add up to the batch's; the diagnostics come from the same function
-    per part, and for every correction what it would mask on this batch."""
+    per part."""
     logp = token_logprobs(model, batch)
-    options = dict(correction=cfg.correction, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=DUAL_CLIP)
+    options = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=DUAL_CLIP)
     loss, _ = grpo_loss(logp, batch.behaviour_logp, batch.advantage, batch.mask, total_tokens=total_tokens,
                         sample_weight=batch.sample_weight, **options)
     sums = [loss.detach() * total_tokens]
@@ -162,13 +161,9 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg, version:
             mask = batch.mask * rows.unsqueeze(-1)
             _, stats = grpo_loss(logp.detach(), batch.behaviour_logp, batch.advantage, mask, **options)
             n = mask.sum()
-            sums += [n, *(stats[name] * n for name in ("clip_fraction", "masked", "approx_kl", "ratio_mean"))]
-        log_rho = logp.detach() - batch.behaviour_logp
-        for correction in CORRECTIONS[1:]:
-            _, masked = behaviour_weight(log_rho, batch.mask, correction)
-            sums.append((masked * batch.mask).sum())
+            sums += [n, *(stats[name] * n for name in ("clip_fraction", "approx_kl", "ratio_mean"))]
         age0 = (batch.mask * parts[PARTS.index("age0")].unsqueeze(-1)) > 0
-        log_ratio = log_rho[age0].double()
+        log_ratio = (logp.detach() - batch.behaviour_logp)[age0].double()
         bins = torch.bucketize(log_ratio, LOG_RATIO_EDGES.to(log_ratio.device))
         counts = torch.bincount(bins, minlength=len(LOG_RATIO_EDGES) + 1)
         extremes = torch.stack([log_ratio.max(), -log_ratio.min()]) if len(log_ratio) else \
@@ -243,19 +238,15 @@ def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: in
 def step_metrics(s: dict[str, float], total_tokens: int,
                  extremes: tuple[float, float] = (-math.inf, -math.inf)) -> dict[str, float]:
     """Token means of the summed statistics: overall, and per part (fresh, replayed, age 0,
-    stale); what the correction in use masked, and what each would have;
-    for age 0, the engine-trainer mismatch: its k3 KL and ratio mean, quantiles, min and max."""
+    stale); for age 0, the engine-trainer mismatch: its k3 KL and ratio mean, quantiles, min and max."""
     n = max(1, s["all/tokens"])
     metrics = {"loss": s["loss"] / max(1, total_tokens), "tokens": int(s["all/tokens"]),
-               "clip_fraction": s["all/clipped"] / n, "approx_kl": s["all/approx_kl"] / n, "ratio_mean": s["all/ratio"] / n,
-               "correction/masked": s["all/masked"] / n}
-    for c in CORRECTIONS[1:]:
-        metrics[f"correction/{c}/masked"] = s[f"would/{c}/masked"] / n
+               "clip_fraction": s["all/clipped"] / n, "approx_kl": s["all/approx_kl"] / n, "ratio_mean": s["all/ratio"] / n}
     for part in PARTS[1:]:
         n = s[f"{part}/tokens"]
         if n > 0:
             metrics.update({f"{part}/ratio_mean": s[f"{part}/ratio"] / n, f"{part}/clip_fraction": s[f"{part}/clipped"] / n,
-                            f"{part}/approx_kl": s[f"{part}/approx_kl"] / n, f"{part}/masked": s[f"{part}/masked"] / n,
+                            f"{part}/approx_kl": s[f"{part}/approx_kl"] / n,
                             f"{part}/tokens": int(n)})
     counts = np.array([s[f"age0/log_ratio_bin/{i}"] for i in range(len(LOG_RATIO_EDGES) + 1)])
     if counts.sum() > 0:

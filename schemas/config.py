@@ -133,7 +133,6 @@ class LearnerConfig(Section):
     lr: float = Field(3e-5, gt=0, lt=1, description="AdamW learning rate.")
     clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio lower clip: 1 - clip_low.")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio upper clip: 1 + clip_high.")
-    correction: Literal["none", "sequence_mask", "icepop", "decoupled"] = Field("none", description="Off-policy correction: none (clip against the sampler's log-probs) or a decoupled weight (learner/grpo.py).")
     max_steps: int = Field(200, ge=1, description="Stop after this many optimizer steps.")
     checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint (weights, optimizer, offsets) every N steps; versions go out every step.")
     eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps, and at the last (0: never).")

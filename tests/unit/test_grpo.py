@@ -232,36 +232,14 @@ LOG_RHO = torch.tensor([[0.0, 1.0, -1.0, 2.0], [0.005, 0.005, 0.005, 0.0], [0.05
 MASK = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
 
 
-@pytest.mark.parametrize("correction, weight", [
-    # geometric means: row 0 exp(0.5) and row 2 exp(0.0125) outside [0.99, 1.01], row 1 exp(0.005) inside
-    ("sequence_mask", [[0, 0, 0, 0], [math.exp(0.005)] * 3 + [0], [0, 0, 0, 0]]),
-    ("icepop", [[1, math.e, 0, 0], [math.exp(0.005)] * 3 + [0], [math.exp(0.05), 1, 1, 1]]),  # e^-1 < 0.5, e^2 > 5
-    ("decoupled", [[1, math.e, math.exp(-1), 0], [math.exp(0.005)] * 3 + [0], [math.exp(0.05), 1, 1, 1]]),
-])
-def test_a_decoupled_correction_weights_each_tokens_policy_gradient(correction, weight):
-    """With the ratio taken against the proximal policy (the learner's own log-probs at the
-    step's start), each token's gradient is -w_t A / T with w_t the correction's weight of
-    rho_t = pi_prox / pi_behaviour; the masked fraction says where w_t is 0."""
+def test_the_clip_is_against_the_behaviour_log_probs():
+    """The PPO clip is taken against the sampler's log-probs: a token whose ratio is past
+    1 + clip_high with a positive advantage has no gradient; the others have -r A / T."""
     logp = torch.full((3, 4), -1.0, requires_grad=True)
-    behaviour = logp.detach() - LOG_RHO
-    advantage = torch.tensor([1.0, -0.5, 2.0])
-    loss, stats = grpo_loss(logp, behaviour, advantage, MASK, correction=correction)
-    loss.backward()
-    expected = -torch.tensor(weight) * advantage.unsqueeze(-1) * MASK / MASK.sum()
-    assert torch.allclose(logp.grad, expected, atol=1e-6)
-    w, rho = torch.tensor(weight), LOG_RHO.exp()
-    assert stats["masked"].item() == pytest.approx(((w == 0) & (rho > 0) & (MASK > 0)).sum().item() / MASK.sum().item())
-
-
-def test_no_correction_clips_against_the_behaviour_log_probs():
-    """correction = none is the PPO clip against the sampler's log-probs: a token whose ratio
-    is past 1 + clip_high with a positive advantage has no gradient; the others have -r A / T."""
-    logp = torch.full((3, 4), -1.0, requires_grad=True)
-    loss, stats = grpo_loss(logp, logp.detach() - LOG_RHO, torch.tensor([1.0, -0.5, 2.0]), MASK)
+    loss, _ = grpo_loss(logp, logp.detach() - LOG_RHO, torch.tensor([1.0, -0.5, 2.0]), MASK)
     loss.backward()
     assert logp.grad[0, 1] == 0 and logp.grad[0, 3] == 0  # r = e, e^2 > 1.28 with A > 0
     assert logp.grad[0, 2].item() == pytest.approx(-math.exp(-1) / MASK.sum().item())
-    assert stats["masked"] == 0
 
 
 def test_replay_adds_to_the_fresh_gradient_without_diluting_it():
