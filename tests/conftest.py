@@ -31,3 +31,10 @@ def pytest_collection_modifyitems(config, items):
     reason = pytest.mark.skip(reason=f"needs a CUDA GPU: torch {torch.__version__} sees none (tools/gpu_check.sh runs these)")
     for item in gpu_tests:
         item.add_marker(reason)
+
+
+@pytest.fixture(autouse=True)
+def named_producers(monkeypatch):
+    """A producer a test builds without a name is "test-producer", not host-pid: its sampling
+    seed (run.seed and the name) and so every sampled rollout are the same on every run."""
+    monkeypatch.setattr("prl.producers.service.default_producer_id", lambda: "test-producer")
