@@ -32,6 +32,7 @@ from prl.transport.memory import MemoryBroker, MemoryTransport
 log = structlog.get_logger("run")
 
 
+LOCAL_PRODUCER = "local"  # the one producer's name: a rerun of one run.seed samples the same stream
 OUTPUTS = ("learning_curve.png", "priority_histogram.png", "summary.json")  # made again by every run
 
 
@@ -148,7 +149,8 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     learner = Learner(cfg, transport, metrics)
     first_step = learner.version  # a continued run starts past 0
     scheduler = Scheduler(cfg, transport, metrics)
-    background = Background([scheduler, Producer(cfg, transport, metrics, beside_learner=True)])
+    producer = Producer(cfg, transport, metrics, producer_id=LOCAL_PRODUCER, beside_learner=True)
+    background = Background([scheduler, producer])
     console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress, max_seconds=max_seconds)
     console.t0 = budget.t0  # the wall time counts from the start, model loading included
     stop = stop or threading.Event()

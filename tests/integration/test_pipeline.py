@@ -141,6 +141,7 @@ def test_prl_run_three_steps(tmp_path):
     scheduler_rows = [r for r in rows if r["service"] == "scheduler"]
     assert archive.num_rows >= scheduler_rows[-1]["scheduler/groups_returned"] > 0
     assert set(archive["policy_version"].to_pylist()) <= {0, 1, 2, 3}
+    assert set(archive["producer_id"].to_pylist()) == {"local"}  # not host-pid: a rerun samples the same stream
 
 
 def test_scheduler_snapshot_restores_state(tmp_path):
