@@ -138,6 +138,7 @@ def main(argv=None) -> int:
                     help="chain_sum (one turn) or calculator (episodes with a calculator tool, 3-digit numbers)")
     ap.add_argument("--config", type=Path, help="the run's config (default: the task's example; model and data paths are replaced)")
     ap.add_argument("--seeds", type=count, default=3)
+    ap.add_argument("--first-seed", type=natural, default=0, help="run seeds from this one on (to finish an interrupted comparison)")
     ap.add_argument("--minutes", type=positive, default=30.0, help="wall-clock budget of each run, final evaluation included")
     ap.add_argument("--model-dir", help="an imported model to reuse (default: a fresh `prl model import` into a temp dir)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for every run")
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
               f"data: {TASK} {task_settings}, {data.train} train / {data.test} held-out problems; task {args.task}")
         start_long = heldout_at(model_dir, f"{data.out_dir}/test.parquet", args.long_tokens) if args.long_tokens else None
         runs = []
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             runs.append(one_seed(config, model_dir, data.out_dir, seed, args.minutes, args.set, args.long_tokens))
             r = runs[-1]
             print(f"  seed {seed}: {r['start']:.3f} -> {r['end']:.3f} ({100 * (r['end'] - r['start']):+.1f} points) in "

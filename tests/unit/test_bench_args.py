@@ -16,6 +16,7 @@ from prl.cli import main
     (["scale", "--producer-processes", "0"], "argument --producer-processes: '0' is not a whole number >= 1"),
     (["replay", "--ratio", "1.5"], "argument --ratio: '1.5' is not a number from 0 to 1"),
     (["real", "--long-tokens", "-1"], "argument --long-tokens: '-1' is not a whole number >= 0"),
+    (["real", "--first-seed", "-1"], "argument --first-seed: '-1' is not a whole number >= 0"),
     (["memory", "--prompts", "0"], "argument --prompts: '0' is not a whole number >= 1"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_wrong_benchmark_argument_is_one_line(capsys, argv, line):
