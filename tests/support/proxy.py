@@ -64,7 +64,7 @@ class FaultyProxy:
     def _accept(self) -> None:
         while not self.stopped.is_set():
             if self.refusing.is_set():  # not listening: a connect is refused
-                time.sleep(0.05)
+                self.stopped.wait(0.05)
                 continue
             try:
                 client, _ = self.listener.accept()
@@ -128,7 +128,7 @@ class FaultyProxy:
         self.refusals += 1
         self.refusing.set()
         self.listener.close()
-        time.sleep(seconds)
+        self.stopped.wait(seconds)
         self.listener = self._listen()
         self.refusing.clear()
 
@@ -138,8 +138,7 @@ class FaultyProxy:
         rng = random.Random(seed)
         end = time.monotonic() + duration_s
         while (left := end - time.monotonic()) > 0:
-            time.sleep(min(left, rng.uniform(*reset_every_s)))
-            if time.monotonic() >= end:
+            if self.stopped.wait(min(left, rng.uniform(*reset_every_s))) or time.monotonic() >= end:
                 break
             self.reset_all()
             self.refuse(min(rng.uniform(*refuse_s), max(0.0, end - time.monotonic())))

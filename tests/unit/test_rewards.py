@@ -1,4 +1,4 @@
-import time
+import threading
 
 import pytest
 
@@ -15,8 +15,10 @@ def test_reward_that_raises_or_hangs_counts_zero_and_goes_on():
     def bad(c, a):
         raise RuntimeError("boom")
 
+    released = threading.Event()
+
     def slow(c, a):
-        time.sleep(2)  # longer than the runner's limit; the runner does not wait for it
+        released.wait(10)  # longer than the runner's limit; the runner does not wait for it
         return 1.0
 
     runner = RewardRunner(bad, timeout_s=1.0)
@@ -27,6 +29,7 @@ def test_reward_that_raises_or_hangs_counts_zero_and_goes_on():
     assert runner("x", "y") == 0.0 and runner.errors == 1
     runner.fn = lambda c, a: 1.0
     assert runner("x", "y") == 1.0
+    released.set()
     runner.close()
 
 
