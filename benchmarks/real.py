@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -95,6 +96,19 @@ def first_at(curve: list, accuracy: float) -> float | None:
     return next((m for m, _, a in curve if a >= accuracy), None)
 
 
+def standard_error(accuracy: float, problems: int) -> float:
+    """The binomial standard error of an accuracy measured on ``problems`` problems."""
+    return math.sqrt(accuracy * (1 - accuracy) / problems)
+
+
+def noise_line(ends: list[float]) -> str:
+    """What one held-out evaluation can tell apart, at the runs' mean end accuracy."""
+    p = statistics.fmean(ends)
+    se = 100 * standard_error(p, TEST)
+    return (f"noise: one evaluation of {TEST} problems at {p:.3f} has a standard error of {se:.1f} points; "
+            f"two runs' difference {math.sqrt(2) * se:.1f}")
+
+
 def curves_png(runs: list[dict], out: str, minutes: float | None = None) -> None:
     from prl.plots import pyplot, save_png
 
@@ -127,6 +141,7 @@ def compare(paths: list[str], out: str) -> int:
         by15 = sum(m <= 15 for m in r["step_minutes"]) if "step_minutes" in r else "-"
         print(f"{r['label']:<40}{r['end']:>7.3f}{best:>7.3f}{best_at:>6.1f} m{at:>9}{r['steps']:>7}{by15:>9}"
               f"{r['rollouts']:>10,}{r['wall_s']:>8.0f}")
+    print(noise_line([r["end"] for r in runs]))
     curves_png(runs, out)
     print(f"curves: {out}")
     return 0
@@ -190,6 +205,7 @@ def main(argv=None) -> int:
     print(f"held-out accuracy gain, median of {len(runs)}: {median_gain:+.1f} points (min {gains[0]:+.1f}, max "
           f"{gains[-1]:+.1f}); baseline: the untrained model, {statistics.median(r['start'] for r in runs):.3f} "
           f"(goal: >= +10 points within 30 minutes)")
+    print(noise_line([r["end"] for r in runs]))
     if args.long_tokens:
         ends = sorted(r["end_long"] for r in runs)
         print(f"with {args.long_tokens}-token completions (no truncation): untrained {start_long:.3f}, trained "

@@ -67,4 +67,6 @@ def test_compare_prints_stored_runs_side_by_side_and_draws_into_a_new_folder(tmp
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("real-15min-none"))
     assert row.split()[3:6] == ["0.465", "0.475", "10.3"]  # end, best, at (minutes)
+    # sqrt(0.465 x 0.535 / 200) = 3.5 points: what one evaluation can tell apart
+    assert "200 problems at 0.465 has a standard error of 3.5 points; two runs' difference 5.0" in out
     assert (tmp_path / "runs/bench-real-curve.png").read_bytes()[:4] == b"\x89PNG"
