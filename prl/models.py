@@ -10,6 +10,8 @@ from pathlib import Path
 
 import fsspec
 
+from prl.errors import one_line
+
 # The files of a model directory besides its weights (config, tokenizer, chat template): copied
 # into every checkpoint and every exported model, so either loads on its own.
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -59,7 +61,7 @@ def copy_model_dir(fs, root: str, local: Path, path: str) -> None:
     except ModelNotFound:
         raise
     except Exception as exc:  # credentials, a missing bucket, an unreachable endpoint...
-        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0][:200] or type(exc).__name__
+        reason = getattr(exc, "strerror", None) or one_line(exc)[:200]
         raise StorageError(f"cannot read model.path {path}: {reason}; check the storage endpoint and credentials") from None
 
 

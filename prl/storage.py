@@ -29,6 +29,8 @@ import crc32c
 import fsspec
 import structlog
 
+from prl.errors import one_line
+
 Data = bytes | Iterable  # bytes, or buffers written one after the other
 log = structlog.get_logger("storage")
 
@@ -51,7 +53,7 @@ def check_writable(uri: str, what: str = "run.run_dir") -> None:
         fs.pipe_file(probe, b"ok")
         fs.rm(probe)
     except Exception as exc:  # permissions, a missing bucket, bad credentials, a read-only disk...
-        reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0][:200] or type(exc).__name__
+        reason = getattr(exc, "strerror", None) or one_line(exc)[:200]
         raise StorageError(f"cannot write to {what} {uri}: {reason}; choose a location you can write") from None
 
 
