@@ -6,9 +6,11 @@ the run asks for), the evaluator sends the held-out set to the producers as Eval
 answers greedily with that version's weights and no other (or says it cannot); the answers come
 back as EvalResults on the rollouts topic. When every problem of a version is answered, one
 metrics line (``eval/accuracy``, ``eval/accuracy_d<N>``, at ``step`` = the version, with the
-rollouts generated when the version was announced) and one log line go out. A request that
-times out or cannot be answered is sent again; after ``MAX_ATTEMPTS`` the version is reported
-incomplete, never as an accuracy over part of the set.
+rollouts generated when the version was announced) and one log line go out, and its answers
+are written to ``<run_dir>/evaluations/step-<version>.jsonl``, one line per held-out problem
+(id, difficulty, answer, reward, the greedy completion), to read what the model gets wrong. A
+request that times out or cannot be answered is sent again; after ``MAX_ATTEMPTS`` the version
+is reported incomplete, never as an accuracy over part of the set.
 
 Results never reach training: they are another record kind, read by this class alone, and a
 held-out problem id is not a training problem (the scheduler refuses both to overlap).
@@ -16,15 +18,25 @@ held-out problem id is not a training problem (the scheduler refuses both to ove
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
 
+import fsspec
+
+from prl.errors import one_line
 from prl.evaluation import accuracy
+from prl.storage import replace_file
 from prl.schemas import EvalProblem, EvalRequest, EvalResult
 
 CHUNK = 64  # held-out problems per EvalRequest: one generation call of a producer
 MAX_ATTEMPTS = 3  # sends of one request before its version is reported incomplete
+
+
+def answers_uri(run_dir: str, version: int) -> str:
+    """Where the answers of ``version``'s evaluation are written."""
+    return f"{run_dir.rstrip('/')}/evaluations/step-{version:08d}.jsonl"
 
 
 @dataclass
@@ -45,6 +57,7 @@ class Evaluation:
     rewards: dict[int, float] = field(default_factory=dict)  # held-out index -> reward
     outcome: str = "running"  # "running", "done" or "incomplete"
     figures: dict = field(default_factory=dict)  # accuracy overall and per difficulty, once done
+    texts: dict[int, str] = field(default_factory=dict)  # held-out index -> greedy completion (not snapshotted)
 
 
 class Evaluator:
@@ -95,6 +108,7 @@ class Evaluator:
             return True
         evaluation = self.evaluations[pending.version]
         evaluation.rewards.update(zip(pending.indices, map(float, result.rewards)))
+        evaluation.texts.update(zip(pending.indices, result.texts))
         if len(evaluation.rewards) == len(self.problems):
             self.finish(evaluation)
         return True
@@ -127,6 +141,23 @@ class Evaluator:
         evaluation.outcome, evaluation.figures = "done", figures
         self.emit(figures, step=evaluation.version, rollouts_generated=evaluation.rollouts_generated)
         self.log.info("heldout", step=evaluation.version, **{k: round(v, 3) for k, v in figures.items()})
+        self.write_answers(evaluation)
+        evaluation.texts = {}
+
+    def write_answers(self, evaluation: Evaluation) -> None:
+        """The evaluation's answers as JSON lines, in held-out order. A text answered before a
+        scheduler restart is not kept (snapshots hold rewards only): its line has ``text`` null.
+        A failed write is logged and the run goes on (the figures are out already)."""
+        uri = answers_uri(self.cfg.run.run_dir, evaluation.version)
+        lines = [json.dumps({"problem_id": p.id, "difficulty": p.difficulty, "answer": p.answer,
+                             "reward": evaluation.rewards[i], "text": evaluation.texts.get(i)})
+                 for i, p in enumerate(self.problems)]
+        try:
+            fs, path = fsspec.core.url_to_fs(uri)
+            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            replace_file(fs, path, "".join(f"{line}\n" for line in lines).encode())
+        except Exception as exc:  # a full disk or an unreachable store: the answers are a record, not state
+            self.log.warning("evaluation_answers_not_written", uri=uri, error=one_line(exc))
 
     def settled(self, version: int, started: bool = False) -> bool:
         """Whether ``version``'s evaluation is done or given up (or, unless ``started``, was never asked)."""

@@ -67,10 +67,11 @@ def test_the_fleet_gives_the_figures_an_evaluation_in_one_process_gives_for_the_
     """The producer serves version 3 (the newest announced); version 3 is evaluated with the
     weights served, version 0 with the base swapped in for the call and out again. Each one's
     greedy answers and accuracy per difficulty are those of the same weights evaluated in one
-    process (the learner-side way)."""
+    process (the learner-side way); the answers written to the run directory are those answers."""
     from prl.evaluation import encode_heldout, greedy_rewards, heldout_accuracy
     from prl.generation import TransformersBackend
     from prl.rewards import load_reward
+    from prl.scheduler.evaluation import answers_uri
 
     run = Run(config(tmp_path))
     weights = {3: run.version(3), 0: export_state(load_model(run.cfg.model.path))}
@@ -85,8 +86,12 @@ def test_the_fleet_gives_the_figures_an_evaluation_in_one_process_gives_for_the_
         reference = TransformersBackend.from_path(run.cfg.model.path, run.cfg.model.dtype)
         reference.load_state({k: v.to(torch.bfloat16) for k, v in weights[version].items()}, version)
         ids = encode_heldout(reference, scheduler.heldout, max_tokens)
-        rewards, _ = greedy_rewards(reference, ids, [p.answer for p in scheduler.heldout], reward, max_tokens)
+        rewards, texts = greedy_rewards(reference, ids, [p.answer for p in scheduler.heldout], reward, max_tokens)
         assert fleet.outcome == "done" and [fleet.rewards[i] for i in range(len(rewards))] == rewards
+        with open(answers_uri(run.cfg.run.run_dir, version)) as f:
+            written = [json.loads(line) for line in f]
+        assert [(a["problem_id"], a["answer"], a["reward"], a["text"]) for a in written] == \
+            [(p.id, p.answer, r, t) for p, r, t in zip(scheduler.heldout, rewards, texts)]
         expected = heldout_accuracy(reference, scheduler.heldout, ids, reward, max_tokens)
         assert {k: v for k, v in fleet.figures.items() if k != "eval_seconds"} == pytest.approx(expected)
 

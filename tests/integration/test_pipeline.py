@@ -142,6 +142,11 @@ def test_prl_run_three_steps(tmp_path):
     assert archive.num_rows >= scheduler_rows[-1]["scheduler/groups_returned"] > 0
     assert set(archive["policy_version"].to_pylist()) <= {0, 1, 2, 3}
     assert set(archive["producer_id"].to_pylist()) == {"local"}  # not host-pid: a rerun samples the same stream
+    # Each evaluation's answers, one line per held-out problem, beside the metrics.
+    answers = sorted(p.name for p in (run_dir / "evaluations").iterdir())
+    assert answers == ["step-00000000.jsonl", "step-00000003.jsonl"]
+    lines = (run_dir / "evaluations" / answers[-1]).read_text().splitlines()
+    assert len(lines) == len({json.loads(line)["problem_id"] for line in lines}) > 0
 
 
 def test_scheduler_snapshot_restores_state(tmp_path):
