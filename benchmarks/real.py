@@ -8,6 +8,9 @@ with the spread: held-out accuracy before training (the baseline: the same model
 greedy evaluation) and at the end, rollouts, steps, and where the time went (generation,
 training, evaluation, checkpoints; generation runs beside training, so the busy times add
 up to more than the wall time). Curves: held-out accuracy against minutes, every seed.
+Where the accuracy is: per kind of problem (a sum; a difference without or with a borrow; a
+difference below zero), the held-out accuracy before and after, from the evaluations' answers
+in the run directory, and the share of completions solved in training, from its archive.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -48,6 +52,59 @@ def heldout_at(model: str, heldout_path: str, max_tokens: int) -> float:
     return heldout_accuracy(backend, problems, ids, reasoning_gym, max_tokens)["accuracy"]
 
 
+KINDS = ("sum", "difference, no borrow", "difference, borrow", "difference < 0")
+
+
+def answer_kind(expression: str) -> str:
+    """What a two-term chain_sum problem (``"83 - 29"``) asks of the model: one of KINDS (a
+    borrow: the units of the first term are below those of the second), or "other"."""
+    match = re.fullmatch(r"\s*(\d+) ([+-]) (\d+)\s*", expression)
+    if match is None:
+        return "other"
+    a, op, b = int(match[1]), match[2], int(match[3])
+    if op == "+":
+        return "sum"
+    return "difference < 0" if a < b else "difference, borrow" if a % 10 < b % 10 else "difference, no borrow"
+
+
+def problem_kinds(data_dir: str) -> dict[str, str]:
+    """Problem id -> answer_kind, for the training and the held-out problems of a dataset."""
+    from prl.tasks.datasets import load_problems
+
+    return {p.id: answer_kind(json.loads(p.answer)["entry"]["metadata"]["expression"])
+            for split in ("train", "test") for p in load_problems(f"{data_dir}/{split}.parquet")}
+
+
+def share_by_kind(pairs, kinds: dict[str, str]) -> dict[str, list]:
+    """{kind: [solved, count]} over (problem id, reward) pairs; a reward of 1 counts as solved."""
+    out: dict[str, list] = {}
+    for pid, reward in pairs:
+        tally = out.setdefault(kinds.get(pid, "other"), [0, 0])
+        tally[0] += reward >= 1.0
+        tally[1] += 1
+    return out
+
+
+def where_it_learned(run_dir: str, kinds: dict[str, str]) -> dict[str, dict]:
+    """Per kind: held-out problems, accuracy at the first and the last evaluation (their answers
+    files), and training completions generated and the share solved (the rollout archive)."""
+    from prl.scheduler.archive import groups_from_table, read_archive, root
+
+    files = sorted(Path(run_dir, "evaluations").glob("step-*.jsonl"))
+    first, last = ([json.loads(line) for line in f.read_text().splitlines()] for f in (files[0], files[-1]))
+    start = share_by_kind(((a["problem_id"], a["reward"]) for a in first), kinds)
+    end = share_by_kind(((a["problem_id"], a["reward"]) for a in last), kinds)
+    try:
+        groups = groups_from_table(read_archive(root(run_dir)))
+    except FileNotFoundError:  # a run too short to accept a group
+        groups = []
+    train = share_by_kind(((g.problem_id, r.reward) for g in groups for r in g.rollouts), kinds)
+    return {k: {"heldout": end[k][1], "start": start[k][0] / start[k][1], "end": end[k][0] / end[k][1],
+                "train_completions": train.get(k, [0, 0])[1],
+                "train_solved": train[k][0] / train[k][1] if k in train else None}
+            for k in (*KINDS, "other") if k in end}
+
+
 def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: float, extra: list[str],
              long_tokens: int) -> dict:
     from prl.learner.checkpoint import latest_uri
@@ -64,6 +121,7 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
         summary = run_pipeline(cfg, progress=False, max_seconds=minutes * 60)
         rows = read_metrics(f"{run_dir}/metrics.jsonl")
         end_long = heldout_at(latest_uri(run_dir), cfg.task.heldout_path, long_tokens) if long_tokens else None
+        by_kind = where_it_learned(run_dir, problem_kinds(data_dir))
     evals = [r for r in rows if "eval/accuracy" in r]
     steps = [r for r in rows if "learner/train_seconds" in r]
     sched = [r for r in rows if r["service"] == "scheduler"]
@@ -71,6 +129,7 @@ def one_seed(config: Path, model_dir: str, data_dir: str, seed: int, minutes: fl
     return {
         "seed": seed, "start": evals[0]["eval/accuracy"], "end": evals[-1]["eval/accuracy"],
         "end_long": end_long,
+        "by_kind": by_kind,
         "curve": curve_of(evals, t0),
         "rollouts": summary["rollouts_generated"], "steps": summary["steps"], "wall_s": summary["seconds"],
         "train_s": sum(r["learner/train_seconds"] for r in steps),
@@ -107,6 +166,19 @@ def noise_line(ends: list[float]) -> str:
     se = 100 * standard_error(p, TEST)
     return (f"noise: one evaluation of {TEST} problems at {p:.3f} has a standard error of {se:.1f} points; "
             f"two runs' difference {math.sqrt(2) * se:.1f}")
+
+
+def kinds_table(runs: list[dict]) -> str:
+    """Per kind of problem, over the runs: held-out problems, accuracy before and after (mean),
+    and the share of training completions solved."""
+    lines = [f"{'where it learned':<24}{'held-out':>9}{'before':>8}{'after':>8}{'train solved':>14}"]
+    for kind in runs[0]["by_kind"]:
+        rows = [r["by_kind"][kind] for r in runs if kind in r["by_kind"]]
+        solved = [k["train_solved"] for k in rows if k["train_solved"] is not None]
+        train = f"{statistics.fmean(solved):.3f}" if solved else "-"
+        lines.append(f"{kind:<24}{rows[0]['heldout']:>9}{statistics.fmean(k['start'] for k in rows):>8.3f}"
+                     f"{statistics.fmean(k['end'] for k in rows):>8.3f}{train:>14}")
+    return "\n".join(lines)
 
 
 def curves_png(runs: list[dict], out: str, minutes: float | None = None) -> None:
@@ -206,6 +278,7 @@ def main(argv=None) -> int:
           f"{gains[-1]:+.1f}); baseline: the untrained model, {statistics.median(r['start'] for r in runs):.3f} "
           f"(goal: >= +10 points within 30 minutes)")
     print(noise_line([r["end"] for r in runs]))
+    print(kinds_table(runs))
     if args.long_tokens:
         ends = sorted(r["end_long"] for r in runs)
         print(f"with {args.long_tokens}-token completions (no truncation): untrained {start_long:.3f}, trained "

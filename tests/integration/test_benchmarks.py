@@ -6,6 +6,7 @@ import json
 import pytest
 
 from prl.cli import main
+from benchmarks.real import KINDS
 from prl.cli.parser import BENCHMARKS
 
 pytestmark = pytest.mark.slow
@@ -48,6 +49,9 @@ def test_a_benchmark_runs_at_a_small_size_and_stores_its_figures(request, tmp_pa
     stored = json.loads(out.read_text())
     assert stored["code"]["commit"] and stored["machine"]["cores"] >= 1
     assert capsys.readouterr().out.strip()  # it printed its figures
+    if name == "real":  # where it learned, from the evaluations' answers: every held-out problem has its kind
+        by_kind = stored["runs"][0]["by_kind"]
+        assert by_kind and sum(k["heldout"] for k in by_kind.values()) == 200 and set(by_kind) < {*KINDS, "other"}
 
 
 @pytest.mark.real

@@ -70,3 +70,26 @@ def test_compare_prints_stored_runs_side_by_side_and_draws_into_a_new_folder(tmp
     # sqrt(0.465 x 0.535 / 200) = 3.5 points: what one evaluation can tell apart
     assert "200 problems at 0.465 has a standard error of 3.5 points; two runs' difference 5.0" in out
     assert (tmp_path / "runs/bench-real-curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("expression, kind", [("56 + 47", "sum"), ("59 - 35", "difference, no borrow"),
+                                              ("83 - 29", "difference, borrow"), ("5 - 9", "difference < 0"),
+                                              ("7 - 7", "difference, no borrow"), ("1 + 2 - 3", "other")])
+def test_a_chain_sum_problem_is_classed_by_what_it_asks(expression, kind):
+    from benchmarks.real import answer_kind
+
+    assert answer_kind(expression) == kind
+
+
+def test_where_it_learned_is_a_row_per_kind_averaged_over_the_runs():
+    from benchmarks.real import kinds_table
+
+    runs = [{"by_kind": {"sum": {"heldout": 97, "start": 0.2, "end": 0.7, "train_completions": 900, "train_solved": 0.4},
+                         "difference < 0": {"heldout": 50, "start": 0.0, "end": 0.0, "train_completions": 400,
+                                            "train_solved": 0.0}}},
+            {"by_kind": {"sum": {"heldout": 97, "start": 0.2, "end": 0.8, "train_completions": 800, "train_solved": 0.5},
+                         "difference < 0": {"heldout": 50, "start": 0.0, "end": 0.0, "train_completions": 0,
+                                            "train_solved": None}}}]
+    lines = kinds_table(runs).splitlines()
+    assert lines[1].split() == ["sum", "97", "0.200", "0.750", "0.450"]
+    assert lines[2].split() == ["difference", "<", "0", "50", "0.000", "0.000", "0.000"]
