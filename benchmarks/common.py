@@ -75,12 +75,16 @@ def bench_prompts(task: str | None, n: int) -> list[str]:
     return [addition.make_problem(rng.randint(10, 999), rng.randint(10, 999), 3).prompt for _ in range(n)]
 
 
-def quiet_console() -> None:
+def quiet_console(log_file: str | None = None) -> None:
     """Warnings and errors only on the console, no download or loading progress bars: the
-    benchmark prints its own progress and figures."""
+    benchmark prints its own progress and figures. With ``log_file``, the libraries' lines (vLLM's
+    and torch's warnings) and prl's own info events go to that file instead of the console."""
     from transformers.utils import logging as hf_logging
 
     from prl import logs
 
-    logs.configure("console", "warning")
+    if log_file:
+        logs.configure("console", "info", log_file=log_file, console_level="warning", libraries_on_console=False)
+    else:
+        logs.configure("console", "warning")
     hf_logging.disable_progress_bar()

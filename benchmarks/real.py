@@ -219,6 +219,13 @@ def compare(paths: list[str], out: str) -> int:
     return 0
 
 
+def bench_log(png: str) -> str:
+    """The runs' log lines (prl's events, vLLM's and torch's warnings) go beside the curves' PNG."""
+    folder = "runs" if "://" in png else str(Path(png).parent)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return f"{folder}/bench-real.log"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench real", description=__doc__.splitlines()[0])
     ap.add_argument("--task", choices=sorted(TASKS), default="chain_sum",
@@ -246,8 +253,11 @@ def main(argv=None) -> int:
     from prl.model_import import import_gguf
     from prl.tasks.reasoning_gym import write_dataset
 
-    quiet_console()
-    with tempfile.TemporaryDirectory() as tmp:
+    from prl import logs
+
+    log_file = bench_log(args.png)
+    quiet_console(log_file)
+    with logs.native_output_to(log_file), tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         model_dir = args.model_dir or import_gguf("smollm2-135m-instruct", f"{tmp}/model", quiet=True).out_dir
         import_s = time.perf_counter() - t0
@@ -284,7 +294,7 @@ def main(argv=None) -> int:
         print(f"with {args.long_tokens}-token completions (no truncation): untrained {start_long:.3f}, trained "
               f"{statistics.median(ends):.3f} (median; {ends[0]:.3f}-{ends[-1]:.3f})")
     curves_png(runs, args.png, args.minutes)
-    print(f"curves: {args.png}")
+    print(f"curves: {args.png}; details of the runs in {log_file}")
     write_json(args, runs=runs, median_gain_points=median_gain, import_seconds=import_s, start_long=start_long)
     return 0
 

@@ -52,6 +52,7 @@ def test_a_benchmark_runs_at_a_small_size_and_stores_its_figures(request, tmp_pa
     if name == "real":  # where it learned, from the evaluations' answers: every held-out problem has its kind
         by_kind = stored["runs"][0]["by_kind"]
         assert by_kind and sum(k["heldout"] for k in by_kind.values()) == 200 and set(by_kind) < {*KINDS, "other"}
+        assert "run_finished" in (tmp_path / "bench-real.log").read_text()  # the runs' details, beside the curves
 
 
 @pytest.mark.real
