@@ -1,32 +1,13 @@
 """The failures a person can fix: commands print them as one line (what, and what to change)
-and exit 2, with no traceback unless ``--debug``. Each module raises its own kind; this list
-names them all in one place."""
+and exit 2, with no traceback unless ``--debug``. Each module raises its own kind (the commands
+list them all, ``prl.cli.user_errors``); this floor imports none of them, so every module can use
+``one_line``."""
 
 from __future__ import annotations
 
 
 class UsageError(ValueError):
     """A command used in a way it cannot run (the message says how to run it)."""
-
-
-def user_errors() -> tuple[type, ...]:
-    """Every exception type that means "fix the input", imported when a command fails."""
-    from prl.devices import DeviceMissing
-    from prl.model_export import ExportFailed
-    from prl.model_import import ImportFailed
-    from prl.plugins import PluginError
-    from prl.policy import VersionRejected
-    from prl.service import ServiceStopped
-    from prl.storage import StorageError
-    from prl.tasks.datasets import DatasetError
-    from prl.tasks.reasoning_gym import DataError
-    from prl.transport import TransportError
-    from prl.trust import KeyMissing
-    from prl.schemas.config import ConfigError
-
-    return (UsageError, ConfigError, DeviceMissing, ExportFailed, DatasetError, DataError, StorageError, TransportError, ImportFailed, KeyMissing,
-            VersionRejected, PluginError, ServiceStopped, FileNotFoundError, PermissionError, NotADirectoryError,
-            *object_store_errors())
 
 
 def object_store_errors() -> tuple[type, ...]:

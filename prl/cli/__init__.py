@@ -98,13 +98,34 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
         return 128 + signal.SIGPIPE  # what a shell reports for a Unix tool whose reader left
     except Exception as exc:
-        from prl.errors import one_line, user_errors
+        from prl.errors import one_line
 
         if getattr(args, "debug", False) or not isinstance(exc, user_errors()):
             raise
         where = " ".join(filter(None, ["prl", args.command, getattr(args, "action", None)]))
         print(f"{where}: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def user_errors() -> tuple[type, ...]:
+    """Every exception type that means "fix the input", imported when a command fails."""
+    from prl.errors import UsageError, object_store_errors
+    from prl.devices import DeviceMissing
+    from prl.model_export import ExportFailed
+    from prl.model_import import ImportFailed
+    from prl.plugins import PluginError
+    from prl.policy import VersionRejected
+    from prl.service import ServiceStopped
+    from prl.storage import StorageError
+    from prl.tasks.datasets import DatasetError
+    from prl.tasks.reasoning_gym import DataError
+    from prl.transport import TransportError
+    from prl.trust import KeyMissing
+    from prl.schemas.config import ConfigError
+
+    return (UsageError, ConfigError, DeviceMissing, ExportFailed, DatasetError, DataError, StorageError, TransportError, ImportFailed, KeyMissing,
+            VersionRejected, PluginError, ServiceStopped, FileNotFoundError, PermissionError, NotADirectoryError,
+            *object_store_errors())
 
 
 def reader_left() -> bool:
