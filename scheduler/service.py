@@ -91,6 +91,7 @@ class Scheduler(Service):
     name = "scheduler"
     reads, writes = (ROLLOUTS, POLICY), (PROBLEMS, BATCHES)
     poll_s = 0.1
+    finish_asked = False  # a caller's budget ended (prl run): finish as at learner.max_steps
 
     def __init__(self, cfg, transport, metrics=None):
         super().__init__(cfg, transport, metrics)
@@ -138,7 +139,7 @@ class Scheduler(Service):
         self.read_policy()
         while self.asked:
             self.evaluator.start(self.asked.popleft(), self.rollouts_generated)
-        if self.learner_version >= self.cfg.learner.max_steps:
+        if self.finish_asked or self.learner_version >= self.cfg.learner.max_steps:
             return self.finish()
         self.accept_rollouts()
         self.redispatch_timed_out()
@@ -148,12 +149,14 @@ class Scheduler(Service):
 
     def finish(self) -> bool:
         """The learner has taken its last step: once that version's evaluation is answered (or
-        given up), snapshot (for a continued run) and finish."""
+        given up), snapshot (a continued run knows it is done) and finish, in the step that
+        settles it (a caller waiting for the evaluation may stop the thread right after)."""
         if not self.evaluator.settled(self.learner_version):
             self.accept_rollouts()
             self.evaluator.redispatch_timed_out(self.cfg.scheduler.dispatch_timeout_s)
             self.flush()
-            return False
+            if not self.evaluator.settled(self.learner_version):
+                return False
         self.snapshot()
         self.log.info("learner_finished", learner_version=self.learner_version)
         return True
@@ -170,6 +173,11 @@ class Scheduler(Service):
     def ask_evaluation(self, version: int) -> None:
         """Evaluate ``version`` too (thread-safe: `prl run` asks for the version its budget ended at)."""
         self.asked.append(version)
+
+    def ask_to_finish(self) -> None:
+        """Finish at the learner's current version, as at ``learner.max_steps`` (thread-safe: `prl
+        run`, whose budget ended before it)."""
+        self.finish_asked = True
 
     def read_policy(self) -> None:
         """Follow the learner's announcements (older ones, replayed from the topic's start,

@@ -34,6 +34,7 @@ log = structlog.get_logger("run")
 
 LOCAL_PRODUCER = "local"  # the one producer's name: a rerun of one run.seed samples the same stream
 OUTPUTS = ("learning_curve.png", "priority_histogram.png", "summary.json")  # made again by every run
+FINISH_S = 60.0  # how long the scheduler may take for its last snapshot before the run stops it
 
 
 def command(args, cfg) -> int:
@@ -176,6 +177,8 @@ def wind_down(cfg, learner, scheduler, background: "Background", console: Consol
     continues from it, and `prl model export` reads it without a chain of deltas."""
     if not stopped:
         evaluate_last(cfg, learner, scheduler, background, console)
+        scheduler.ask_to_finish()  # its snapshot holds the last evaluation: a continued run does not repeat it
+        background.join(scheduler, timeout=FINISH_S)
     background.stop()
     if learner.saved_version != learner.version:
         learner.save()
@@ -258,10 +261,15 @@ class Background:
     def __init__(self, services: list):
         self.stopped = threading.Event()
         self.failures: list[BaseException] = []
+        self.services = services
         self.threads = [threading.Thread(target=_guarded, args=(s, self.stopped, self.failures), name=s.name, daemon=True)
                         for s in services]
         for t in self.threads:
             t.start()
+
+    def join(self, service, timeout: float) -> None:
+        """Wait for ``service`` to finish on its own (at most ``timeout`` seconds)."""
+        self.threads[self.services.index(service)].join(timeout)
 
     def alive(self) -> bool:
         return any(t.is_alive() for t in self.threads) and not self.stopped.is_set()
