@@ -164,6 +164,10 @@ class Evaluator:
         e = self.evaluations.get(version)
         return not started if e is None else e.outcome != "running"
 
+    def running(self) -> list[int]:
+        """The versions whose evaluation is still waiting for answers (safe from another thread)."""
+        return sorted(e.version for e in list(self.evaluations.values()) if e.outcome == "running")
+
     def done(self) -> list[Evaluation]:
         """The finished evaluations, by version (safe to call from another thread)."""
         return sorted((e for e in list(self.evaluations.values()) if e.outcome == "done"), key=lambda e: e.version)

@@ -148,14 +148,15 @@ class Scheduler(Service):
         return False
 
     def finish(self) -> bool:
-        """The learner has taken its last step: once that version's evaluation is answered (or
-        given up), snapshot (a continued run knows it is done) and finish, in the step that
-        settles it (a caller waiting for the evaluation may stop the thread right after)."""
-        if not self.evaluator.settled(self.learner_version):
+        """The learner has taken its last step: once every evaluation asked (the last version's,
+        and an earlier one sent again after a refusal) is answered or given up, snapshot (a
+        continued run knows it is done) and finish, in the step that settles the last of them (a
+        caller waiting for the evaluations may stop the thread right after)."""
+        if self.evaluator.running():
             self.accept_rollouts()
             self.evaluator.redispatch_timed_out(self.cfg.scheduler.dispatch_timeout_s)
             self.flush()
-            if not self.evaluator.settled(self.learner_version):
+            if self.evaluator.running():
                 return False
         self.snapshot()
         self.log.info("learner_finished", learner_version=self.learner_version)

@@ -186,14 +186,16 @@ def wind_down(cfg, learner, scheduler, background: "Background", console: Consol
 
 def evaluate_last(cfg, learner, scheduler, background: "Background", console: Console) -> None:
     """Have the fleet evaluate the version the run ended at (its budget's, or the last step's)
-    and wait for the answers, at most as long as the scheduler waits for them."""
+    and wait for its answers and any earlier evaluation's still out, at most as long as the
+    scheduler waits for them."""
     if not (cfg.learner.eval_every and scheduler.heldout):
         return
     learner.announce_written(wait=True)  # versions are written in the background
     scheduler.ask_evaluation(learner.version)
-    patience = time.monotonic() + cfg.scheduler.dispatch_timeout_s * MAX_ATTEMPTS
-    while not scheduler.evaluator.settled(learner.version, started=True) and background.alive() and time.monotonic() < patience:
-        background.stopped.wait(0.05)  # the scheduler's thread finishes the evaluation
+    evaluator, patience = scheduler.evaluator, time.monotonic() + cfg.scheduler.dispatch_timeout_s * MAX_ATTEMPTS
+    while not (evaluator.settled(learner.version, started=True) and not evaluator.running()) \
+            and background.alive() and time.monotonic() < patience:
+        background.stopped.wait(0.05)  # the scheduler's thread finishes the evaluations
     console.update(learner, scheduler)
 
 

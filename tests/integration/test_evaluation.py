@@ -175,3 +175,30 @@ def test_a_producer_says_it_cannot_answer_with_a_version_it_cannot_rebuild(tmp_p
     result = producer.evaluate(request)
     assert not result.problem_ids and "cannot answer with version 7 (serving 0)" in result.error
     result.validate()
+
+
+def answer(run, request, error=""):
+    """A producer's answer to ``request``: every problem right, or ``error`` (it cannot answer)."""
+    ids = [] if error else [p.problem_id for p in request.problems]
+    run.inject(ROLLOUTS, EvalResult(request.request_id, request.version, "p", ids, [1.0] * len(ids), [""] * len(ids), error))
+
+
+def test_a_finishing_scheduler_waits_for_every_evaluation_asked_not_only_the_last(tmp_path):
+    """Version 2's evaluation is refused once and sent again, behind the last version's: the
+    scheduler finishes (and `prl run` stops it) only once version 2 is answered too."""
+    run = Run(config(tmp_path))
+    scheduler = Scheduler(run.cfg, run.transport)
+    scheduler.top_up = lambda: None  # evaluations only
+    scheduler.ask_evaluation(2)
+    scheduler.ask_to_finish()  # at the learner's version, 0
+    assert scheduler.step() is False
+    first = {r.version: r for r in run.read(PROBLEMS, EvalRequest)}
+    answer(run, first[0])
+    answer(run, first[2], error="cannot answer with version 2 (serving 4): LookupError")
+    assert scheduler.step() is False and scheduler.evaluator.settled(0, started=True)
+    again = [r for r in run.read(PROBLEMS, EvalRequest) if r.request_id not in {q.request_id for q in first.values()}]
+    assert [(r.version, r.attempt) for r in again] == [(2, 1)]
+    answer(run, again[0])
+    assert scheduler.step() is True
+    assert [e.version for e in scheduler.evaluator.done()] == [0, 2]
+
