@@ -223,6 +223,13 @@ class Learner(Service):
         self.announce(PolicyVersion(version, uri, last_seq, time.time(), meta["kind"], meta["checksum"], self.epoch))
         return True
 
+    def pass_over_batches_through(self, seq: int) -> None:
+        """Batches up to ``seq`` will never come (`prl run` continued: they went to a broker gone
+        with the earlier process, untrained): take the next from ``seq + 1`` on."""
+        if seq > self.last_seq:
+            self.log.warning("batches_passed_over", seqs=f"{self.last_seq + 1}..{seq}", why="lost with an earlier broker")
+            self.last_seq = seq
+
     def announce(self, record: PolicyVersion) -> None:
         self.send(POLICY, record, key=self.cfg.run.name.encode())
         self.publisher.flush()

@@ -128,6 +128,13 @@ class Evaluator:
         self.log.warning("evaluation_incomplete", version=pending.version, answered=len(evaluation.rewards),
                          of=len(self.problems), attempts=MAX_ATTEMPTS)
 
+    def send_again(self) -> None:
+        """Send every request still waiting again, at the same attempt (the earlier sends were lost
+        with the broker that held them)."""
+        waiting, self.pending = list(self.pending.values()), {}
+        for pending in waiting:
+            self.request(pending.version, pending.indices, pending.attempt)
+
     def redispatch_timed_out(self, timeout_s: float) -> None:
         now = time.time()
         for rid, pending in list(self.pending.items()):

@@ -92,8 +92,9 @@ class Scheduler(Service):
     reads, writes = (ROLLOUTS, POLICY), (PROBLEMS, BATCHES)
     poll_s = 0.1
     finish_asked = False  # a caller's budget ended (prl run): finish as at learner.max_steps
+    lost_seq = -1  # the newest batch sent to an earlier process's broker: none after it is waited for
 
-    def __init__(self, cfg, transport, metrics=None):
+    def __init__(self, cfg, transport, metrics=None, new_broker: bool = False):
         super().__init__(cfg, transport, metrics)
         self.problems = train_problems(cfg.task)
         self.index = {p.id: i for i, p in enumerate(self.problems)}
@@ -128,7 +129,7 @@ class Scheduler(Service):
         self.evaluator = Evaluator(self.heldout, cfg, self.send_evaluation, self.emit_evaluation, self.log)
         self.asked: deque[int] = deque()  # versions a caller wants evaluated (prl run's last), taken in step()
         self.epoch = epochs.claim(cfg.run.run_dir, "scheduler")  # a scheduler before this one is fenced
-        self.restore()
+        self.restore(new_broker)
         if self.evaluator.due(self.learner_version):
             self.evaluator.start(self.learner_version, self.rollouts_generated)  # the policy the run starts from
         self.rollouts = transport.subscriber([self.topic(ROLLOUTS)], group=f"{cfg.run.name}.scheduler")
@@ -427,7 +428,7 @@ class Scheduler(Service):
         self.coords = {d: c for d, c in self.coords.items() if d in live}
 
     def batches_ahead(self) -> int:
-        return self.next_seq - (self.learner_last_seq + 1)
+        return self.next_seq - (max(self.learner_last_seq, self.lost_seq) + 1)
 
     def top_up(self) -> None:
         room = self.cfg.scheduler.max_in_flight - len(self.in_flight) - len(self.fresh)
@@ -517,7 +518,9 @@ class Scheduler(Service):
         self.deliver(self.rollouts)  # the dead letters they explain are on their topic first
         self.log.info("snapshot_written", uri=uri, seq=self.next_seq, in_flight=len(self.in_flight))
 
-    def restore(self) -> None:
+    def restore(self, new_broker: bool = False) -> None:
+        """Continue from the newest snapshot. ``new_broker``: the transport's broker began with
+        this process (`prl run`), so nothing the snapshot holds in flight will be answered."""
         snap = read_snapshot(self.cfg.run.run_dir, self.check_state, self.replay_log)
         if snap is None:
             return
@@ -525,6 +528,22 @@ class Scheduler(Service):
         self.unpublished = snap[3]  # it may or may not have reached the topic: the first step sends it again
         self.log.info("snapshot_restored", seq=self.next_seq, in_flight=len(self.in_flight), fresh=len(self.fresh),
                       pending_seq=self.unpublished.seq if self.unpublished is not None else None)
+        if new_broker:
+            self.forget_the_old_broker()
+
+    def forget_the_old_broker(self) -> None:
+        """The snapshot's broker is gone with the earlier process (`prl run` continued): what it
+        held in flight is asked for again now (the problems chosen again, the evaluation requests
+        sent again, not after dispatch_timeout_s), and the batches sent to it and not known to be
+        trained are given up: not waited for; the learner, told by `prl run`, passes over those it
+        lacks (logged as ``batches_passed_over``)."""
+        self.in_flight, self.superseded = {}, {}
+        self.evaluator.send_again()
+        sent = self.next_seq - (self.unpublished is not None)  # the unpublished batch is sent again
+        if sent - 1 > self.learner_last_seq:  # not known to be trained: the learner says which it lacks
+            self.count("batches_given_up", sent - 1 - self.learner_last_seq)
+            self.log.info("batches_given_up", seqs=f"{self.learner_last_seq + 1}..{sent - 1}", why="sent to an earlier broker")
+            self.lost_seq = sent - 1
 
     def batch_metrics(self, batch) -> dict:
         rates = self.sampler.success_rates()

@@ -137,20 +137,12 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     evaluate the last version and stop the scheduler and producer. ``stop`` ends it after the
     current step, with a checkpoint of that step and no final evaluation. Return start/end
     accuracy."""
-    from prl.learner.service import Learner
-    from prl.producers.service import Producer
-    from prl.scheduler.service import Scheduler
-
     if cfg.task.environment:
         limit_heap_fragmentation()
-    transport = MemoryTransport(MemoryBroker())
-    transport.ensure_topics(cfg.run.name)
     metrics = MetricsSink(cfg.run.run_dir, trackers=make_trackers(cfg, "run"))
     budget = Budget(max_rollouts, max_seconds)
-    learner = Learner(cfg, transport, metrics)
+    learner, scheduler, producer = services(cfg, metrics)
     first_step = learner.version  # a continued run starts past 0
-    scheduler = Scheduler(cfg, transport, metrics)
-    producer = Producer(cfg, transport, metrics, producer_id=LOCAL_PRODUCER, beside_learner=True)
     background = Background([scheduler, producer])
     console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress, max_seconds=max_seconds)
     console.t0 = budget.t0  # the wall time counts from the start, model loading included
@@ -169,6 +161,23 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     summary = summarize(learner, scheduler, first_step, budget.elapsed())
     log.info("run_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict)})
     return summary
+
+
+def services(cfg, metrics):
+    """The learner, scheduler and producer over one in-process broker. The broker is new: what
+    an earlier `prl run` of the directory had in flight or sent ahead went with its process, and
+    the scheduler and learner are told so (rather than wait for it)."""
+    from prl.learner.service import Learner
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
+
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    learner = Learner(cfg, transport, metrics)
+    scheduler = Scheduler(cfg, transport, metrics, new_broker=True)
+    learner.pass_over_batches_through(scheduler.lost_seq)
+    producer = Producer(cfg, transport, metrics, producer_id=LOCAL_PRODUCER, beside_learner=True)
+    return learner, scheduler, producer
 
 
 def wind_down(cfg, learner, scheduler, background: "Background", console: Console, stopped: bool) -> None:

@@ -202,3 +202,27 @@ def test_a_finishing_scheduler_waits_for_every_evaluation_asked_not_only_the_las
     assert scheduler.step() is True
     assert [e.version for e in scheduler.evaluator.done()] == [0, 2]
 
+
+def test_a_scheduler_on_a_new_broker_sends_again_at_once_what_its_snapshot_had_in_flight(tmp_path):
+    """`prl run` continued in a new process: its in-memory broker is new, so the restored
+    dispatches' problems are chosen again and the evaluation requests are sent again now, at the
+    same attempt, not after scheduler.dispatch_timeout_s; the two batches it had sent past the
+    learner's last are not waited for (the scheduler waited for them for good)."""
+    run = Run(config(tmp_path))
+    scheduler = Scheduler(run.cfg, run.transport)
+    scheduler.step()  # the first dispatches and version 0's evaluation go out
+    scheduler.next_seq, scheduler.learner_last_seq = 3, 0  # batches 1 and 2 sent, not trained
+    assert scheduler.batches_ahead() == run.cfg.scheduler.max_batches_ahead == 2
+    scheduler.snapshot()
+    asked = run.read(PROBLEMS, EvalRequest)
+    dispatched = set(scheduler.in_flight)
+    assert asked and dispatched
+    new = Run(run.cfg)
+    restarted = Scheduler(run.cfg, new.transport, new_broker=True)
+    resent = new.read(PROBLEMS, EvalRequest)
+    assert [(r.version, r.attempt, [p.problem_id for p in r.problems]) for r in resent] == \
+        [(r.version, r.attempt, [p.problem_id for p in r.problems]) for r in asked]
+    assert set(restarted.evaluator.pending) == {r.request_id for r in resent} and not restarted.in_flight
+    assert restarted.lost_seq == 2 and restarted.batches_ahead() == 0 and restarted.counters["batches_given_up"] == 2
+    restarted.step()
+    assert len(restarted.in_flight) == run.cfg.scheduler.max_in_flight and not set(restarted.in_flight) & dispatched

@@ -534,6 +534,23 @@ def test_the_version_a_run_ends_at_is_evaluated_by_the_fleet(tmp_path, monkeypat
     assert not [r for r in rows if "eval/incomplete" in r]
 
 
+def test_a_run_ended_by_its_budget_continues_without_evaluating_its_last_version_again(tmp_path):
+    """A budget ends the run with the scheduler batches ahead of the learner; they go with the
+    process's broker. The run continued trains on (it used to wait for them for good), and its
+    scheduler's snapshot holds the last evaluation: that version is evaluated no second time."""
+    from prl.cli.run import run_pipeline
+    from prl.metrics import read_run_metrics
+
+    cfg = load_config(overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}", "scheduler.groups_per_batch=4",
+                                 "scheduler.max_in_flight=8", "learner.eval_every=100",
+                                 *small_addition(tmp_path / "data", heldout=10)])
+    first = run_pipeline(cfg, progress=False, max_rollouts=64)
+    second = run_pipeline(cfg, progress=False, max_rollouts=first["rollouts_generated"] + 64, max_seconds=120)
+    assert 0 < first["steps"] < second["steps"] < 100 and second["first_step"] == first["steps"]
+    steps = [r["step"] for r in read_run_metrics(cfg.run.run_dir) if "eval/accuracy" in r]
+    assert steps == [0, first["steps"], second["steps"]]
+
+
 def test_a_learner_restarted_past_its_checkpoint_never_announces_a_number_again(tmp_path):
     """Killed after publishing versions 5 and 6 with its checkpoint at 4, a learner resumes at 4,
     trains 5 and 6 again without announcing them (their numbers name the weights producers may
