@@ -26,6 +26,7 @@ class Console:
                 bar = dict(total=total_steps, initial=first_step, desc="learner steps", unit="step")
             self.bar = tqdm(**bar, dynamic_ncols=True, file=sys.stderr)
         self.shown: set[int] = set()  # versions whose evaluation line was shown
+        self.mismatch = None  # (KL, step): the newest engine-trainer mismatch; only a step with age-0 rollouts measures it
         self.t0 = time.perf_counter()
 
     def update(self, learner, scheduler) -> None:
@@ -37,10 +38,12 @@ class Console:
             else:
                 self.bar.n = learner.version
             self.bar.refresh()
+        if (kl := getattr(learner, "last_stats", {}).get("mismatch/kl")) is not None:
+            self.mismatch = (kl, learner.version)
         for e in scheduler.evaluator.done():  # evaluations finish on the scheduler's thread, in any order
             if self.enabled and e.version not in self.shown:
                 self.shown.add(e.version)
-                self.emit(progress_figures(learner, scheduler, e, time.perf_counter() - self.t0))
+                self.emit(progress_figures(learner, scheduler, e, time.perf_counter() - self.t0, self.mismatch))
 
     def emit(self, figures: dict) -> None:
         if self.fmt == "json":
@@ -49,8 +52,7 @@ class Console:
         line = (f"step {figures['step']:>5}  rollouts {figures['rollouts']:>8,} ({figures['rollouts_per_s']:,.0f}/s)  "
                 f"reward {figures['reward']:.3f}  held-out {figures['heldout_accuracy']:.3f}  "
                 f"zero-signal {figures['zero_signal_share']:.2f}  replay {figures['replay_share']:.2f}  "
-                f"stale {figures['stale_dropped']}" +
-                (f"  mismatch-KL {figures['mismatch_kl']:.1e}" if figures["mismatch_kl"] is not None else ""))
+                f"stale {figures['stale_dropped']}" + mismatch_text(figures))
         if self.bar is not None:
             self.bar.write(line, file=sys.stderr)
         else:
@@ -62,8 +64,17 @@ class Console:
             self.bar = None
 
 
-def progress_figures(learner, scheduler, evaluation, seconds: float) -> dict:
-    """One evaluation's line: its version and accuracy, and how the run stood when it was asked."""
+def mismatch_text(figures: dict) -> str:
+    """The line's mismatch part, naming its step when an earlier step measured it."""
+    if figures["mismatch_kl"] is None:
+        return ""
+    at = "" if figures["mismatch_step"] == figures["step"] else f" (step {figures['mismatch_step']})"
+    return f"  mismatch-KL {figures['mismatch_kl']:.1e}{at}"
+
+
+def progress_figures(learner, scheduler, evaluation, seconds: float, mismatch: tuple | None = None) -> dict:
+    """One evaluation's line: its version and accuracy, how the run stood when it was asked, and
+    the newest engine-trainer mismatch at age 0 with the step that measured it (None: not yet)."""
     stats = getattr(learner, "last_stats", {})
     returned = max(1, scheduler.groups_returned)
     stale = learner.counters.get("stale_dropped", 0) + sum(
@@ -73,7 +84,7 @@ def progress_figures(learner, scheduler, evaluation, seconds: float) -> dict:
             "reward": stats.get("mean_reward", 0.0), "heldout_accuracy": evaluation.figures["accuracy"],
             "zero_signal_share": 1 - scheduler.groups_with_signal / returned,
             "replay_share": stats.get("replay_share", 0.0), "stale_dropped": stale,
-            "mismatch_kl": stats.get("mismatch/kl")}  # the engine-trainer mismatch at age 0 (None: no such rollout)
+            "mismatch_kl": mismatch[0] if mismatch else None, "mismatch_step": mismatch[1] if mismatch else None}
 
 
 def summary_table(summary: dict, files: list[str]) -> str:

@@ -40,3 +40,28 @@ def test_an_interrupted_run_says_what_stopped_it_how_to_go_on_and_when_it_was_la
     before_any_step = summary_table({"seconds": 4, "steps": 0, "first_step": 0, "rollouts_generated": 0,
                                      "interrupted_by": "SIGTERM", "start": {}, "end": {}}, [])
     assert before_any_step.splitlines()[1] == "  nothing trained yet; the same command starts again"
+
+
+def test_an_evaluation_line_shows_the_newest_mismatch_measured_though_its_step_had_no_age_0_rollout(capsys):
+    """Only a step that trains age-0 rollouts measures the engine-trainer mismatch (on 2 CPU
+    cores, about one in eight): the line shows the newest one measured, not none."""
+    import json
+    from types import SimpleNamespace
+
+    from prl.cli.console import Console, mismatch_text
+
+    evaluation = SimpleNamespace(version=4, rollouts_generated=512, figures={"accuracy": 0.5})
+    done = []
+    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
+                                groups_with_signal=6, counters={})
+    learner = SimpleNamespace(counters={}, rollouts_generated=512, version=3,
+                              last_stats={"mismatch/kl": 2e-4, "mean_reward": 0.3})
+    console = Console(10, 0, fmt="json")
+    console.update(learner, scheduler)
+    learner.version, learner.last_stats = 4, {"mean_reward": 0.4}  # a step of stale and replayed rollouts only
+    done.append(evaluation)
+    console.update(learner, scheduler)
+    line = json.loads(capsys.readouterr().err.splitlines()[-1])
+    assert line["step"] == 4 and (line["mismatch_kl"], line["mismatch_step"]) == (2e-4, 3) and line["reward"] == 0.4
+    assert mismatch_text(line) == "  mismatch-KL 2.0e-04 (step 3)"
+    assert mismatch_text({**line, "mismatch_step": 4}) == "  mismatch-KL 2.0e-04"
