@@ -68,6 +68,10 @@ class KafkaPublisher(Publisher):
         self._cfg = cfg
         self._producer = self._new_producer()
         self._sent: list[list] = []  # [(topic, value, key, headers), future or None], oldest first, not yet acknowledged
+        # Set when a kept message may need sending again (a send raised, a future failed, the
+        # producer was renewed): only then does a publish walk ``_sent``, so that publishing n
+        # messages between flushes costs O(n), not O(n^2). Set by kafka-python's sender thread too.
+        self._resend_due = False
 
     def _new_producer(self):
         from kafka import KafkaProducer
@@ -87,21 +91,34 @@ class KafkaPublisher(Publisher):
         return len(self._sent)
 
     def publish(self, topic, value, *, key=None, headers=()):
-        self._sent.append([(topic, value, key, list(headers)), None])  # kept from here on, whatever fails
-        self._resend_failed()
+        self._sent.append(entry := [(topic, value, key, list(headers)), None])  # kept from here on, whatever fails
+        if self._resend_due:
+            self._resend_failed()  # the older ones first: they keep their order
+        else:
+            self._send(entry)
 
     def _send(self, entry: list) -> None:
         from kafka.errors import KafkaError
 
         topic, value, key, headers = entry[0]
+        sent = False
         try:
             entry[1] = self._producer.send(topic, value=value, key=key, headers=headers)
-        except KafkaError as exc:  # kept (future None): sent again by the next publish or flush
+            sent = True
+        except KafkaError as exc:  # kept: sent again by the next publish or flush
             self._renew_if_fatal()
             raise TransportError(f"send failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            if not sent:
+                self._resend_due = True
+        entry[1].add_errback(self._failed)
+
+    def _failed(self, _exc) -> None:
+        self._resend_due = True
 
     def _resend_failed(self) -> None:
         """Send, oldest first, every kept message not sent yet or reported failed."""
+        self._resend_due = False  # a failure reported from here on sets it again
         for entry in self._sent:
             if entry[1] is None or (entry[1].is_done and entry[1].failed()):
                 self._send(entry)
@@ -139,6 +156,7 @@ class KafkaPublisher(Publisher):
         log.warning("producer_renewed", reason=reason[:300], unacknowledged=len(self._sent))
         for entry in self._sent:
             entry[1] = None  # the old producer's futures say nothing more: all go again
+        self._resend_due = True
         try:
             self._producer.close(timeout=0)
         except Exception as exc:  # a broken producer may fail to close: it is dropped either way
