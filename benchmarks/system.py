@@ -3,6 +3,8 @@ baseline in the same run:
 
 1. kafka:      RolloutGroups of 2,000-token rollouts through prl's Kafka transport (encode,
                publish, consume, decode) vs raw kafka-python sending and reading the same bytes;
+               and 20,000 small messages (dispatches) published before one flush, prl's
+               publisher (it keeps each until acknowledged) vs raw kafka-python's producer;
 2. checkpoint: a learner checkpoint through fsspec (data, CRC-32C manifest, latest) vs a
                raw copy of the same bytes to the same disk;
 3. async:      learner steps per second of the in-process pipeline with simulated generation
@@ -54,6 +56,7 @@ def bench_kafka(bootstrap: str, groups, max_bytes: int, repeats: int) -> dict:
     cfg = KafkaConfig(bootstrap_servers=bootstrap, max_message_bytes=max_bytes)
     transport = KafkaTransport(cfg)
     rollouts = sum(len(g.rollouts) for g in groups)
+    decode(encode(groups[0]), RolloutGroup)  # Arrow's first call sets itself up: not a per-group cost
     t0 = time.perf_counter()
     payloads = [encode(g) for g in groups]  # the same bytes, encoded outside the raw timing
     encode_ms = (time.perf_counter() - t0) * 1e3 / len(groups)
@@ -110,6 +113,57 @@ def bench_kafka(bootstrap: str, groups, max_bytes: int, repeats: int) -> dict:
     return {"rollouts_per_s": rollouts / prl_s, "raw_rollouts_per_s": rollouts / raw_s, "MB": round(mb, 1),
             "prl_MB_per_s": mb / prl_s, "raw_MB_per_s": mb / raw_s, "ratio": raw_s / prl_s, "repeats": repeats,
             "encode_ms_per_group": encode_ms, "decode_ms_per_group": decode_ms}
+
+
+def dispatches(n: int) -> list[bytes]:
+    """``n`` encoded dispatches: the many small messages a scheduler sends between two flushes."""
+    from prl.schemas import Dispatch, Sampling, encode
+
+    return [encode(Dispatch(f"d{i}", f"p{i}", f"{i} + {i} =", str(2 * i), 8, Sampling(), 0)) for i in range(n)]
+
+
+def bench_publish(bootstrap: str, payloads: list[bytes], repeats: int) -> dict:
+    """Messages/s of ``payloads`` published and then flushed once, prl's publisher (which keeps
+    each until acknowledged) against raw kafka-python's producer with the same settings; median
+    of ``repeats`` rounds, the sides taking turns to go first."""
+    from kafka import KafkaProducer
+
+    from prl.transport.kafka import KafkaTransport
+    from prl.schemas.config import KafkaConfig
+
+    transport = KafkaTransport(KafkaConfig(bootstrap_servers=bootstrap))
+
+    def prl_once(topic: str) -> float:
+        pub = transport.publisher()
+        t0 = time.perf_counter()
+        for i, p in enumerate(payloads):
+            pub.publish(topic, p, key=b"p%d" % i)
+        pub.flush()
+        seconds = time.perf_counter() - t0
+        pub.close()
+        return seconds
+
+    def raw_once(topic: str) -> float:
+        producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, compression_type="zstd",
+                                 linger_ms=5)
+        t0 = time.perf_counter()
+        for i, p in enumerate(payloads):
+            producer.send(topic, value=p, key=b"p%d" % i)
+        producer.flush()
+        seconds = time.perf_counter() - t0
+        producer.close()
+        return seconds
+
+    prl_times, raw_times = [], []
+    for i in range(repeats):
+        run = f"bench{int(time.time())}p{i}"
+        transport.ensure_topics(run)
+        sides = [(prl_times, prl_once), (raw_times, raw_once)]
+        for times, once in sides if i % 2 == 0 else sides[::-1]:
+            times.append(once(f"{run}.problems"))
+    prl_s, raw_s = float(np.median(prl_times)), float(np.median(raw_times))
+    return {"messages": len(payloads), "messages_per_s": len(payloads) / prl_s, "raw_messages_per_s": len(payloads) / raw_s,
+            "ratio": raw_s / prl_s, "repeats": repeats}
 
 
 # -- 2. checkpoint ---------------------------------------------------------------------------
@@ -272,6 +326,7 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", type=count, default=60, help="rollout groups through Kafka")
     ap.add_argument("--tokens", type=count, default=2000, help="tokens per rollout")
     ap.add_argument("--group-size", type=count, default=8)
+    ap.add_argument("--messages", type=count, default=20_000, help="dispatches published between two flushes")
     ap.add_argument("--params-m", type=positive, default=50.0, help="checkpointed model size, millions of parameters")
     ap.add_argument("--repeats", type=count, default=5, help="rounds of the kafka figure (median) and the checkpoint figure (best of at least 9)")
     ap.add_argument("--latency", type=positive, default=0.5, help="simulated generation seconds per producer call")
@@ -297,6 +352,7 @@ def main(argv=None) -> int:
         try:
             results["kafka"] = bench_kafka(bootstrap, rollout_groups(args.groups, args.tokens, args.group_size), 64 << 20,
                                            args.repeats)
+            results["publish"] = bench_publish(bootstrap, dispatches(args.messages), args.repeats)
         finally:
             if broker is not None:
                 broker.stop()
@@ -313,6 +369,11 @@ def main(argv=None) -> int:
               f"{r['raw_rollouts_per_s']:>14,.0f}{r['ratio']:>8.2f}{'>= 0.8':>8}   baseline: raw kafka-python")
         print(f"{'':<44}  of which per group of {args.group_size} x {args.tokens} tokens: encode {r['encode_ms_per_group']:.2f} ms, "
               f"decode (validated) {r['decode_ms_per_group']:.2f} ms")
+    if "publish" in results:
+        r = results["publish"]
+        label = f"kafka: {r['messages']:,} dispatches, then a flush: msg/s"
+        print(f"{label:<44}{r['messages_per_s']:>14,.0f}{r['raw_messages_per_s']:>14,.0f}{r['ratio']:>8.2f}{'>= 0.8':>8}"
+              "   baseline: raw kafka-python")
     if "checkpoint" in results:
         r = results["checkpoint"]
         label = f"checkpoint MB/s ({r['MB']} MB)"
