@@ -44,9 +44,22 @@ def rollout_groups(n: int, tokens: int, group_size: int, seed: int = 0):
     return out
 
 
+def taking_turns(transport, repeats: int, prl_once, raw_once, kind: str) -> tuple[float, float]:
+    """Median seconds of prl's side and the raw side over ``repeats`` rounds, the sides taking
+    turns to go first (so neither always meets a warmer broker), each on a fresh topic of
+    ``kind`` (same partitions, same keys)."""
+    times = {"prl": [], "raw": []}
+    once = {"prl": prl_once, "raw": raw_once}
+    for i in range(repeats):
+        run = f"bench{int(time.time())}r{i}"
+        for side in ("prl", "raw") if i % 2 == 0 else ("raw", "prl"):
+            transport.ensure_topics(f"{run}{side}")
+            times[side].append(once[side](f"{run}{side}.{kind}"))
+    return float(np.median(times["prl"])), float(np.median(times["raw"]))
+
+
 def bench_kafka(bootstrap: str, groups, max_bytes: int, repeats: int) -> dict:
-    """Median seconds over ``repeats`` rounds, each on fresh topics, the two sides taking
-    turns to go first (so neither always meets a warmer broker)."""
+    """Rollouts/s through prl's transport and through raw kafka-python (:func:`taking_turns`)."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     from prl.transport.kafka import KafkaTransport
@@ -100,15 +113,7 @@ def bench_kafka(bootstrap: str, groups, max_bytes: int, repeats: int) -> dict:
         producer.close()
         return seconds
 
-    prl_times, raw_times = [], []
-    for i in range(repeats):
-        run = f"bench{int(time.time())}r{i}"
-        for side in ("prl", "raw"):  # each side its own rollouts topic: same partitions, same keys
-            transport.ensure_topics(f"{run}{side}")
-        sides = [(prl_times, prl_once, f"{run}prl.rollouts"), (raw_times, raw_once, f"{run}raw.rollouts")]
-        for times, once, topic in sides if i % 2 == 0 else sides[::-1]:
-            times.append(once(topic))
-    prl_s, raw_s = float(np.median(prl_times)), float(np.median(raw_times))
+    prl_s, raw_s = taking_turns(transport, repeats, prl_once, raw_once, "rollouts")
     mb = sum(map(len, payloads)) / 1e6
     return {"rollouts_per_s": rollouts / prl_s, "raw_rollouts_per_s": rollouts / raw_s, "MB": round(mb, 1),
             "prl_MB_per_s": mb / prl_s, "raw_MB_per_s": mb / raw_s, "ratio": raw_s / prl_s, "repeats": repeats,
@@ -124,8 +129,8 @@ def dispatches(n: int) -> list[bytes]:
 
 def bench_publish(bootstrap: str, payloads: list[bytes], repeats: int) -> dict:
     """Messages/s of ``payloads`` published and then flushed once, prl's publisher (which keeps
-    each until acknowledged) against raw kafka-python's producer with the same settings; median
-    of ``repeats`` rounds, the sides taking turns to go first."""
+    each until acknowledged) against raw kafka-python's producer with the same settings
+    (:func:`taking_turns`)."""
     from kafka import KafkaProducer
 
     from prl.transport.kafka import KafkaTransport
@@ -154,14 +159,7 @@ def bench_publish(bootstrap: str, payloads: list[bytes], repeats: int) -> dict:
         producer.close()
         return seconds
 
-    prl_times, raw_times = [], []
-    for i in range(repeats):
-        run = f"bench{int(time.time())}p{i}"
-        transport.ensure_topics(run)
-        sides = [(prl_times, prl_once), (raw_times, raw_once)]
-        for times, once in sides if i % 2 == 0 else sides[::-1]:
-            times.append(once(f"{run}.problems"))
-    prl_s, raw_s = float(np.median(prl_times)), float(np.median(raw_times))
+    prl_s, raw_s = taking_turns(transport, repeats, prl_once, raw_once, "problems")
     return {"messages": len(payloads), "messages_per_s": len(payloads) / prl_s, "raw_messages_per_s": len(payloads) / raw_s,
             "ratio": raw_s / prl_s, "repeats": repeats}
 
