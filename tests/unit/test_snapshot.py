@@ -1,0 +1,93 @@
+"""The pending batch in a scheduler snapshot: named by segment and row, not written again, and
+restored as the batch it was."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prl import storage
+from prl.scheduler.snapshot import ReplayLog, batch_from, batch_header, read_snapshot, root, write_snapshot
+from prl.schemas import TrainBatch, TrainRollout, encode
+
+TOKENS = 500
+
+
+def rollouts(start: int, n: int) -> list[TrainRollout]:
+    rng = np.random.default_rng(start)
+    return [TrainRollout(f"d{start + i}/0", "p", 3, False, 0.5 - i % 2, 1.0, 1.0, np.arange(8, dtype=np.int32),
+                         rng.integers(0, 1000, TOKENS, dtype=np.int32), -rng.exponential(1.0, TOKENS).astype(np.float32))
+            for i in range(n)]
+
+
+def state(seq: int) -> dict:
+    return {"next_seq": seq, "trained": np.zeros(10, np.uint8), "in_flight": {}}
+
+
+def batch_of(seq: int, fresh: list[TrainRollout], replayed: list[TrainRollout]) -> TrainBatch:
+    drawn = [dataclasses.replace(r, is_replay=True, sample_weight=0.25) for r in replayed]
+    return TrainBatch(f"b{seq}", seq, seq + 1, 100 * seq, fresh + drawn, 1765000000.125)
+
+
+def snapshot_bytes(run_dir: str, seq: int) -> int:
+    return sum(p.stat().st_size for p in Path(root(run_dir), f"snap-{seq:08d}").iterdir())
+
+
+def test_a_pending_batch_is_named_by_segment_and_row_and_restored_as_it_was(tmp_path):
+    run_dir = str(tmp_path / "run")
+    buffer, log = rollouts(0, 40), ReplayLog(run_dir)
+    write_snapshot(run_dir, 1, state(1), [], buffer, None, log)
+    fresh = rollouts(100, 16)
+    buffer += fresh  # the composition put the batch's fresh rollouts in the buffer
+    pending = batch_of(2, fresh, buffer[5:13])
+    segments = set(Path(run_dir, "scheduler", "replay").iterdir())
+    write_snapshot(run_dir, 2, state(2), [], buffer, pending, log)
+
+    new = set(Path(run_dir, "scheduler", "replay").iterdir()) - segments
+    assert len(new) == 1  # one segment: the fresh rollouts, written once for the buffer and the batch
+    assert list(new)[0].stat().st_size < len(encode(pending))
+    assert snapshot_bytes(run_dir, 2) < len(encode(pending)) / 10  # the batch's tokens are not in the snapshot
+    _, _, restored_buffer, restored = read_snapshot(run_dir, log=ReplayLog(run_dir))
+    assert encode(restored) == encode(pending)
+    assert [r.rollout_id for r in restored_buffer] == [r.rollout_id for r in buffer]
+    assert not any(r.is_replay for r in restored_buffer)  # what the batch adds stays with the batch
+
+
+def test_a_pending_batch_without_a_replay_buffer_is_written_once_and_restored(tmp_path):
+    run_dir = str(tmp_path / "run")
+    pending = batch_of(1, rollouts(0, 8), [])
+    write_snapshot(run_dir, 1, state(1), [], [], pending)
+    _, _, restored_buffer, restored = read_snapshot(run_dir)
+    assert restored_buffer == [] and encode(restored) == encode(pending)
+
+
+def test_a_pending_batch_whose_header_does_not_match_its_rollouts_is_refused():
+    """A snapshot's files verify against their checksums; a writer that wrote the wrong thing
+    is caught here, and the snapshot passed over for the one before (storage.first_readable)."""
+    pending = batch_of(1, rollouts(0, 8), [])
+    with pytest.raises(ValueError, match="names 7 rollouts, its header 8, 8, 8 values"):
+        batch_from(batch_header(pending), pending.rollouts[:-1])
+
+
+def test_a_snapshot_that_holds_its_pending_batch_whole_still_restores(tmp_path):
+    """Written before pending batches were named by segment and row: its pending.arrow is read."""
+    run_dir = str(tmp_path / "run")
+    pending = batch_of(1, rollouts(0, 8), [])
+    uri = write_snapshot(run_dir, 1, state(1), [], [])
+    files = {f: storage.read_verified(uri, f) for f in ("state.json", "arrays.safetensors", "fresh.arrow")}
+    storage.write_versioned(root(run_dir), "snap-00000002", {**files, "pending.arrow": encode(pending)}, 2, meta={"seq": 2})
+    assert encode(read_snapshot(run_dir)[3]) == encode(pending)
+
+
+def test_restoring_keeps_the_pending_batch_s_segments_until_two_snapshots_no_longer_name_them(tmp_path):
+    run_dir, seq = str(tmp_path / "run"), 1
+    write_snapshot(run_dir, seq, state(seq), [], [], batch_of(seq, rollouts(0, 8), []))
+    log = ReplayLog(run_dir)
+    read_snapshot(run_dir, log=log)
+    segment_dir = Path(run_dir, "scheduler", "replay")
+    first = set(segment_dir.iterdir())
+    write_snapshot(run_dir, seq + 1, state(seq + 1), [], [], None, log)
+    assert first <= set(segment_dir.iterdir())  # the snapshot before still names them
+    write_snapshot(run_dir, seq + 2, state(seq + 2), [], [], None, log)
+    assert not first & set(segment_dir.iterdir())
