@@ -8,7 +8,7 @@ publish (its fresh rollouts and half as many replayed), into a local directory.
 
 - prl: scheduler/snapshot.py, the buffer's new rollouts appended as one segment a step.
 - whole buffer: the same snapshot with every rollout in the buffer written again each step, as
-  the scheduler wrote them before segments.
+  the scheduler wrote them before segments (the pending batch named in it, as prl's is).
 
 Bytes written are the sizes of the files the step wrote (snapshot, segment, manifest, latest).
 """
@@ -46,8 +46,9 @@ def written(before: dict, after: dict) -> int:
     return sum(size for p, (*_, size) in after.items() if before.get(p) != after[p])
 
 
-def run(mode: str, args, buffer: deque, rng) -> dict:
-    """``args.steps`` snapshot steps; bytes and seconds per step (the first, which writes the
+def run(mode: str, args, buffer: deque, rng, first_id: int) -> dict:
+    """``args.steps`` snapshot steps, their fresh rollouts numbered from ``first_id`` (ids are
+    unique, as the scheduler's are); bytes and seconds per step (the first, which writes the
     buffer once in both modes, is left out)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
@@ -55,7 +56,7 @@ def run(mode: str, args, buffer: deque, rng) -> dict:
         state = {"next_seq": 0, "trained": np.zeros(args.problems, dtype=np.uint8), "in_flight": {}}
         figures = []
         for seq in range(args.steps + 1):
-            fresh = rollouts(rng, 10**9 + seq * args.fresh, args.fresh, args.tokens)
+            fresh = rollouts(rng, first_id + seq * args.fresh, args.fresh, args.tokens)
             buffer.extend(fresh)  # full: the oldest leave as these enter
             replayed = [buffer[i] for i in rng.choice(len(buffer) - args.fresh, args.fresh // 2, replace=False)]
             pending = TrainBatch(f"b{seq}", seq, seq, 0, fresh + replayed)
@@ -83,7 +84,8 @@ def main(argv=None) -> int:
         ap.error("--fresh must be at most half of --buffer")
     rng = np.random.default_rng(args.seed)
     buffer = deque(rollouts(rng, 0, args.buffer, args.tokens), maxlen=args.buffer)
-    figures = {mode: run(mode, args, buffer, rng) for mode in ("prl", "whole_buffer")}
+    figures = {mode: run(mode, args, buffer, rng, first_id=(i + 1) * 10**9)
+               for i, mode in enumerate(("prl", "whole_buffer"))}
     share = figures["prl"]["bytes_per_step"] / figures["whole_buffer"]["bytes_per_step"]
     print(f"scheduler snapshot per step: replay buffer of {args.buffer:,} rollouts x {args.tokens:,} tokens, "
           f"{args.fresh} fresh rollouts a batch")
