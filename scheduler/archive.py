@@ -44,6 +44,23 @@ from prl.schemas.records import to_table
 
 EXTRA = [("accepted_at", pa.float64()), ("learner_version", pa.int64())]
 ARCHIVE_SCHEMA = pa.schema([f for f in RolloutGroup.SCHEMA if f.name != "policy_version"] + [pa.field(*e) for e in EXTRA])
+# Token-level columns are written without a dictionary: one of a 50k vocabulary's ids or of
+# log-probs outgrows its page and falls back to plain after the work is done (at 2,000 tokens
+# a rollout: 1.7x the write time, and 1.2x the bytes).
+TOKEN_COLUMNS = ("prompt_ids.list.element", "rollouts.list.element.completion_ids.list.element",
+                 "rollouts.list.element.logprobs.list.element")
+
+
+def column_paths(t: pa.DataType, path: str) -> list[str]:
+    """Parquet's paths of the leaf columns under a field (a list's items: ``<path>.list.element``)."""
+    if pa.types.is_list(t):
+        return column_paths(t.value_type, path + ".list.element")
+    if pa.types.is_struct(t):
+        return [p for f in t for p in column_paths(f.type, f"{path}.{f.name}")]
+    return [path]
+
+
+DICTIONARY_COLUMNS = [p for f in ARCHIVE_SCHEMA for p in column_paths(f.type, f.name) if p not in TOKEN_COLUMNS]
 
 
 def root(run_dir: str) -> str:
@@ -84,7 +101,7 @@ class RolloutArchive:
         fs, fpath = fsspec.core.url_to_fs(path)
         fs.makedirs(fpath.rsplit("/", 1)[0], exist_ok=True)
         buf = pa.BufferOutputStream()
-        pq.write_table(table, buf, compression="zstd")
+        pq.write_table(table, buf, compression="zstd", use_dictionary=DICTIONARY_COLUMNS)
         replace_file(fs, fpath, buf.getvalue().to_pybytes())  # a killed scheduler leaves no torn file
         self.files_written += 1
 

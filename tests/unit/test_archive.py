@@ -75,3 +75,26 @@ def test_an_archive_of_the_previous_release_reads_with_every_token_the_models(tm
         pq.write_table(table, f)
     groups = groups_from_table(read_archive(str(tmp_path / "archive")))
     assert len(groups) == 3 and all(len(r.model_mask) == 0 for g in groups for r in g.rollouts)
+
+
+def test_token_columns_are_written_without_a_dictionary_and_read_back_exactly(tmp_path):
+    """A dictionary of token ids or log-probs outgrows its page and is dropped after the work
+    (scheduler/archive.py); every other column keeps one. The tokens read back as written."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from prl.scheduler.archive import TOKEN_COLUMNS, groups_from_table
+
+    groups = make_groups(6)
+    archive = RolloutArchive(str(tmp_path / "archive"))
+    for g in groups:
+        archive.add(g, 0)
+    archive.close()
+    meta = pq.ParquetFile(next((tmp_path / "archive").rglob("*.parquet"))).metadata.row_group(0)
+    dictionary = {meta.column(i).path_in_schema: "RLE_DICTIONARY" in meta.column(i).encodings for i in range(meta.num_columns)}
+    assert set(TOKEN_COLUMNS) <= set(dictionary)  # the names still match the schema
+    assert [c for c, has in dictionary.items() if not has] == list(TOKEN_COLUMNS)
+    back = {g.dispatch_id: g for g in groups_from_table(read_archive(str(tmp_path / "archive")))}
+    for g in groups:
+        for r, b in zip(g.rollouts, back[g.dispatch_id].rollouts):
+            assert np.array_equal(r.completion_ids, b.completion_ids) and np.array_equal(r.logprobs, b.logprobs)
