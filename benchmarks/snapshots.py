@@ -3,12 +3,13 @@ against writing the whole buffer each time.
 
 A replay buffer of 30,000 rollouts of 2,000 completion tokens (ids and log-probs: about 0.5 GB)
 takes a batch's fresh rollouts each step and drops as many of its oldest, as the scheduler's does
-at full capacity; each step then writes the scheduler's snapshot with the batch it is about to
-publish (its fresh rollouts and half as many replayed), into a local directory.
+at full capacity; 64 accepted groups wait for a batch, a batch's worth arriving and leaving each
+step; each step then writes the scheduler's snapshot with the batch it is about to publish (its
+fresh rollouts and half as many replayed), into a local directory.
 
-- prl: scheduler/snapshot.py, the buffer's new rollouts appended as one segment a step.
-- whole buffer: the same snapshot with every rollout in the buffer written again each step, as
-  the scheduler wrote them before segments (the pending batch named in it, as prl's is).
+- prl: scheduler/snapshot.py, the new rollouts and groups appended as one segment per log a step.
+- whole buffer: the same snapshot with every rollout in the buffer and every waiting group
+  written again each step, as the scheduler wrote them before segments.
 
 Bytes written are the sizes of the files the step wrote (snapshot, segment, manifest, latest).
 """
@@ -25,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import count, natural, write_json
-from prl.scheduler.snapshot import ReplayLog, write_snapshot
-from prl.schemas import TrainBatch, TrainRollout
+from prl.scheduler.snapshot import Logs, write_snapshot
+from prl.schemas import Rollout, RolloutGroup, TrainBatch, TrainRollout
 
 
 def rollouts(rng, start: int, n: int, tokens: int) -> list[TrainRollout]:
@@ -34,6 +35,14 @@ def rollouts(rng, start: int, n: int, tokens: int) -> list[TrainRollout]:
     logprobs = -rng.exponential(1.0, (n, tokens)).astype(np.float32)
     return [TrainRollout(f"d{(start + i) // 8}/{(start + i) % 8}", "p", 0, False, 0.5, 1.0, 1.0,
                          np.arange(64, dtype=np.int32), ids[i], logprobs[i]) for i in range(n)]
+
+
+def groups(rng, start: int, n: int, tokens: int) -> list[RolloutGroup]:
+    """``n`` accepted groups of 8 rollouts, their dispatches numbered from ``start``."""
+    ids = rng.integers(0, 50_000, (n, 8, tokens), dtype=np.int32)
+    logprobs = -rng.exponential(1.0, (n, 8, tokens)).astype(np.float32)
+    return [RolloutGroup(f"g{start + g}", "p", 0, "producer", np.arange(64, dtype=np.int32), 1.0,
+                         [Rollout(ids[g, i], logprobs[g, i], 1.0, "stop") for i in range(8)]) for g in range(n)]
 
 
 def files(root: Path) -> dict:
@@ -52,18 +61,22 @@ def run(mode: str, args, buffer: deque, rng, first_id: int) -> dict:
     buffer once in both modes, is left out)."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        log = ReplayLog(str(run_dir))
+        logs = Logs.at(str(run_dir))
         state = {"next_seq": 0, "trained": np.zeros(args.problems, dtype=np.uint8), "in_flight": {}}
+        waiting, per_batch = deque(groups(rng, first_id, args.waiting, args.tokens)), args.fresh // 8
         figures = []
         for seq in range(args.steps + 1):
+            waiting.extend(groups(rng, first_id + args.waiting + seq * per_batch, per_batch, args.tokens))
+            for _ in range(per_batch):
+                waiting.popleft()  # into the batch
             fresh = rollouts(rng, first_id + seq * args.fresh, args.fresh, args.tokens)
             buffer.extend(fresh)  # full: the oldest leave as these enter
             replayed = [buffer[i] for i in rng.choice(len(buffer) - args.fresh, args.fresh // 2, replace=False)]
             pending = TrainBatch(f"b{seq}", seq, seq, 0, fresh + replayed)
             before = files(run_dir)
             start = time.perf_counter()
-            write_snapshot(str(run_dir), seq, {**state, "next_seq": seq}, [], list(buffer), pending,
-                           log if mode == "prl" else None)
+            write_snapshot(str(run_dir), seq, {**state, "next_seq": seq}, list(waiting), list(buffer), pending,
+                           logs if mode == "prl" else None)
             seconds = time.perf_counter() - start
             figures.append((written(before, files(run_dir)), seconds))
         steps = figures[1:]
@@ -75,6 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--buffer", type=count, default=30_000, help="rollouts in the full replay buffer")
     ap.add_argument("--tokens", type=count, default=2_000, help="completion tokens per rollout")
     ap.add_argument("--fresh", type=count, default=256, help="fresh rollouts per batch (32 groups of 8)")
+    ap.add_argument("--waiting", type=count, default=64, help="accepted groups of 8 waiting for a batch at each snapshot")
     ap.add_argument("--problems", type=count, default=100_000, help="problems in the pool (the sampler's arrays)")
     ap.add_argument("--steps", type=count, default=3)
     ap.add_argument("--seed", type=natural, default=0)
@@ -88,7 +102,7 @@ def main(argv=None) -> int:
                for i, mode in enumerate(("prl", "whole_buffer"))}
     share = figures["prl"]["bytes_per_step"] / figures["whole_buffer"]["bytes_per_step"]
     print(f"scheduler snapshot per step: replay buffer of {args.buffer:,} rollouts x {args.tokens:,} tokens, "
-          f"{args.fresh} fresh rollouts a batch")
+          f"{args.fresh} fresh rollouts a batch, {args.waiting} groups waiting")
     print(f"{'figure':<20}{'prl (segments)':>18}{'whole buffer':>18}")
     print(f"{'MB_written_per_step':<20}{figures['prl']['bytes_per_step'] / 1e6:>18,.1f}"
           f"{figures['whole_buffer']['bytes_per_step'] / 1e6:>18,.1f}")

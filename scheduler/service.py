@@ -42,7 +42,7 @@ from prl.scheduler.replay import BETA0, ReplayBuffer
 from prl.scheduler.archive import RolloutArchive
 from prl.scheduler.archive import root as archive_root
 from prl.scheduler.samplers import make_sampler
-from prl.scheduler.snapshot import ReplayLog, expect_inside, expect_sized, read_snapshot, write_snapshot
+from prl.scheduler.snapshot import Logs, expect_inside, expect_sized, read_snapshot, write_snapshot
 from prl.schemas import Dispatch, EvalResult, PolicyVersion, RolloutGroup, RolloutRef, Sampling, TrainBatch, TrainBatchRefs
 from prl.schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 
@@ -115,7 +115,7 @@ class Scheduler(Service):
         self.fresh: list[RolloutGroup] = []
         self.unpublished: TrainBatch | None = None  # composed and snapshotted, not yet sent
         self.replay = ReplayBuffer(seed=cfg.run.seed) if cfg.scheduler.replay.ratio > 0 else None
-        self.replay_log = ReplayLog(cfg.run.run_dir)  # the buffer's rollouts on storage, each written once
+        self.logs = Logs.at(cfg.run.run_dir)  # what snapshots hold on storage as segments, each record written once
         self.learner_version = 0
         self.learner_last_seq = -1
         self.next_seq = 0
@@ -513,7 +513,7 @@ class Scheduler(Service):
             raise ServiceStopped(f"another scheduler took over this run ({newer}): this one stops without writing "
                                  "(one scheduler per run: check that its Deployment has one replica)")
         replay = self.replay.state_dict()[1] if self.replay else []
-        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending, self.replay_log)
+        uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending, self.logs)
         self.archive.flush()  # what the committed offsets cover is archived, too
         self.deliver(self.rollouts)  # the dead letters they explain are on their topic first
         self.log.info("snapshot_written", uri=uri, seq=self.next_seq, in_flight=len(self.in_flight))
@@ -521,7 +521,7 @@ class Scheduler(Service):
     def restore(self, new_broker: bool = False) -> None:
         """Continue from the newest snapshot. ``new_broker``: the transport's broker began with
         this process (`prl run`), so nothing the snapshot holds in flight will be answered."""
-        snap = read_snapshot(self.cfg.run.run_dir, self.check_state, self.replay_log)
+        snap = read_snapshot(self.cfg.run.run_dir, self.check_state, self.logs)
         if snap is None:
             return
         self.load_state_dict(*snap)

@@ -2,18 +2,22 @@
 
 ``<run_dir>/scheduler/snap-00000042/`` (42 = the next batch sequence number) holds
 ``state.json`` (in-flight table, counters, the sampler's small state, the pending batch's
-header), ``arrays.safetensors`` (the sampler's per-problem arrays, and where each rollout of the
-replay buffer and of the pending batch is stored), ``fresh.arrow`` (accepted rollout groups not
-yet in a batch), then ``manifest.json``; ``latest`` is written last (prl/storage.py). The pending
-batch is the one composed with this state, not yet known to be on the topic.
+header) and ``arrays.safetensors`` (the sampler's per-problem arrays, and where each record
+below is stored), then ``manifest.json``; ``latest`` is written last (prl/storage.py).
 
-The replay buffer (up to 30,000 rollouts with their tokens and log-probs: about 0.5 GB at 2k
-tokens) is not written whole: a snapshot appends the rollouts that entered it since the one
-before as one segment, ``<run_dir>/scheduler/replay/seg-00000042-<id>.arrow``, and names every
-rollout in the buffer by segment and row, with each segment's checksum. The pending batch is
-named the same way (its fresh rollouts are the buffer's newest, its replayed ones the buffer's),
-with what the batch adds to each rollout (replayed or not, sample weight). A segment is deleted
-once neither of the two kept snapshots names it, so a step writes what changed, not the buffer.
+The records are not written whole each time: the replay buffer alone is up to 30,000 rollouts
+with their tokens and log-probs (about 0.5 GB at 2k tokens). A snapshot appends the records
+that no segment holds yet as one segment per log, ``<run_dir>/scheduler/<log>/seg-00000042-<id>.arrow``,
+and names each record it holds by segment and row, with each segment's checksum:
+
+- ``replay/``: the replay buffer's rollouts, and the pending batch's (the batch composed with
+  this state, not yet known to be on the topic: its fresh rollouts are the buffer's newest, its
+  replayed ones the buffer's), with what the batch adds to each rollout (replayed or not,
+  sample weight) in the header;
+- ``fresh/``: the accepted rollout groups not yet in a batch.
+
+A segment is deleted once neither of the two kept snapshots names it, so a step writes what
+changed: the groups accepted and the rollouts that entered the buffer since the one before.
 
 The scheduler snapshots before every batch it publishes and commits its rollout offsets right
 after the snapshot. A restart resumes from the snapshot, re-reads exactly the results that
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import uuid
 
 import fsspec
@@ -34,7 +39,7 @@ import pyarrow as pa
 from prl import storage
 from prl.schemas import RolloutGroup, TrainBatch, TrainRollout, decode
 from prl.schemas.config import ConfigError
-from prl.schemas.records import decode_many, encode_table, from_table, record_row, to_table
+from prl.schemas.records import decode_many, encode_table, from_table, record_row
 
 
 def root(run_dir: str) -> str:
@@ -70,35 +75,37 @@ def join_arrays(rest: dict, arrays: dict, prefix: str = "") -> dict:
 KEEP = 2  # snapshots kept: the newest, and the one before in case it does not verify
 
 
-class ReplayLog:
-    """The replay buffer's rollouts on storage as segments, each written once."""
+class SegmentLog:
+    """Records on storage as segments, each written once; a snapshot names the records it
+    holds by segment and row. ``key`` tells records apart (a rollout's id, a group's dispatch)."""
 
-    def __init__(self, run_dir: str):
-        self.dir = root(run_dir) + "/replay"
-        self.place: dict[str, tuple[str, int]] = {}  # rollout id -> (segment, row): the rollouts the last snapshot names
+    def __init__(self, directory: str, record: type, key):
+        self.dir, self.record, self.key = directory, record, key
+        self.place: dict[str, tuple[str, int]] = {}  # key -> (segment, row): the records the last snapshot names
         self.checksums: dict[str, str] = {}  # segment -> checksum, of the segments the kept snapshots name
         self.named_before: set[str] = set()  # segments the snapshot before the last one names
 
-    def append(self, seq: int, live: list[TrainRollout], batch: list[TrainRollout] = ()) -> dict:
-        """Write the rollouts of ``live`` (the replay buffer) and ``batch`` (the pending batch's)
-        that no segment holds yet as one new segment; return the snapshot's part that names
-        every rollout of each, in order, by segment and row (``segment``/``row`` for ``live``,
-        ``batch_segment``/``batch_row`` for ``batch``)."""
-        unplaced = {r.rollout_id: r for r in [*batch, *live] if r.rollout_id not in self.place}  # the buffer's copy wins
+    def append(self, seq: int, lists: dict[str, list]) -> dict:
+        """Write the records of ``lists`` that no segment holds yet as one new segment (a record
+        in two lists: the first list's copy); return the snapshot's part that names every record
+        of each list, in order, by segment and row (``<name>segment``, ``<name>row``)."""
+        unplaced = {}
+        for records in reversed(lists.values()):
+            unplaced.update({k: r for r in records if (k := self.key(r)) not in self.place})
         if unplaced:
             name = f"seg-{seq:08d}-{uuid.uuid4().hex[:8]}.arrow"
-            self.checksums[name] = storage.write_file(self.dir, "", name, rollout_table(list(unplaced.values())))
-            self.place.update({rid: (name, row) for row, rid in enumerate(unplaced)})
-        self.place = {r.rollout_id: self.place[r.rollout_id] for r in [*live, *batch]}
+            table = pa.Table.from_pylist([record_row(r) for r in unplaced.values()], schema=self.record.SCHEMA)
+            self.checksums[name] = storage.write_file(self.dir, "", name, encode_table(table))
+            self.place.update({k: (name, row) for row, k in enumerate(unplaced)})
+        self.place = {k: self.place[k] for records in lists.values() for k in map(self.key, records)}
         names = sorted({segment for segment, _ in self.place.values()})
         index = {n: i for i, n in enumerate(names)}
-        return {"segments": names, "checksums": [self.checksums[n] for n in names],
-                **self.rows("", live, index), **self.rows("batch_", batch, index)}
-
-    def rows(self, prefix: str, rollouts: list[TrainRollout], index: dict) -> dict:
-        where = [self.place[r.rollout_id] for r in rollouts]
-        return {prefix + "segment": np.array([index[segment] for segment, _ in where], dtype=np.int32),
-                prefix + "row": np.array([row for _, row in where], dtype=np.int32)}
+        part = {"segments": names, "checksums": [self.checksums[n] for n in names]}
+        for prefix, records in lists.items():
+            where = [self.place[self.key(r)] for r in records]
+            part[prefix + "segment"] = np.array([index[segment] for segment, _ in where], dtype=np.int32)
+            part[prefix + "row"] = np.array([row for _, row in where], dtype=np.int32)
+        return part
 
     def prune(self, named: list[str]) -> None:
         """After a snapshot naming the segments ``named`` is complete: delete the segments this
@@ -112,22 +119,35 @@ class ReplayLog:
         self.checksums = {n: c for n, c in self.checksums.items() if n in keep}
         self.named_before = set(named)
 
-    def read(self, part: dict) -> tuple[list[TrainRollout], list[TrainRollout]]:
-        """The rollouts a snapshot's part names, each segment checked against its checksum: the
-        replay buffer's and the pending batch's (as stored, before what the batch adds). The log
-        continues from them."""
+    def read(self, part: dict, prefixes: tuple[str, ...]) -> list[list]:
+        """The records a snapshot's part names for each of ``prefixes`` (none where the part has
+        no such list), each segment checked against its checksum; the log continues from them."""
         names = list(part["segments"])
-        segments = {n: read_replay(storage.read_checked(f"{self.dir}/{n}", c)) for n, c in zip(names, part["checksums"])}
+        segments = {n: from_table(pa.ipc.open_stream(pa.py_buffer(storage.read_checked(f"{self.dir}/{n}", c))).read_all(),
+                                  self.record) for n, c in zip(names, part["checksums"])}
         self.checksums = dict(zip(names, part["checksums"]))
         self.named_before = set(names)
-        self.place = {}
-        named = []
-        for prefix in ("", "batch_"):  # a snapshot written before pending batches were named has no batch_
+        self.place, out = {}, []
+        for prefix in prefixes:
             where = list(zip(part.get(prefix + "segment", np.zeros(0)).tolist(), part.get(prefix + "row", np.zeros(0)).tolist()))
-            rollouts = [segments[names[s]][row] for s, row in where]
-            self.place.update({r.rollout_id: (names[s], row) for r, (s, row) in zip(rollouts, where)})
-            named.append(rollouts)
-        return named[0], named[1]
+            records = [segments[names[s]][row] for s, row in where]
+            self.place.update({self.key(r): (names[s], row) for r, (s, row) in zip(records, where)})
+            out.append(records)
+        return out
+
+
+@dataclasses.dataclass
+class Logs:
+    """A scheduler's segment logs, kept between its snapshots: the replay buffer's and the
+    pending batch's rollouts, and the accepted groups not yet in a batch."""
+
+    replay: SegmentLog
+    fresh: SegmentLog
+
+    @classmethod
+    def at(cls, run_dir: str) -> "Logs":
+        return cls(SegmentLog(root(run_dir) + "/replay", TrainRollout, operator.attrgetter("rollout_id")),
+                   SegmentLog(root(run_dir) + "/fresh", RolloutGroup, operator.attrgetter("dispatch_id")))
 
 
 def batch_header(batch: TrainBatch) -> dict:
@@ -155,56 +175,58 @@ def batch_from(header: dict, rollouts: list[TrainRollout]) -> TrainBatch:
     return batch
 
 
-def rollout_table(rollouts: list[TrainRollout]) -> bytes:
-    return encode_table(pa.Table.from_pylist([record_row(r) for r in rollouts], schema=TrainRollout.SCHEMA))
-
-
 def write_snapshot(run_dir: str, seq: int, state: dict, fresh: list[RolloutGroup], replay: list[TrainRollout],
-                   pending: TrainBatch | None = None, log: ReplayLog | None = None) -> str:
-    """Write the scheduler's state, its fresh groups, the batch about to go out and, to ``log``
-    (the scheduler's, kept between snapshots; a new one writes every rollout), the rollouts
-    of the replay buffer and of that batch that no segment holds yet; return the snapshot's URI."""
+                   pending: TrainBatch | None = None, logs: Logs | None = None) -> str:
+    """Write the scheduler's state, the batch about to go out and, to ``logs`` (the
+    scheduler's, kept between snapshots; new ones write every record), the records of the
+    replay buffer, of that batch and of its fresh groups that no segment holds yet; return the
+    snapshot's URI."""
     from safetensors.numpy import save
 
-    log = log or ReplayLog(run_dir)
-    part = log.append(seq, replay, pending.rollouts if pending is not None else [])
-    arrays, rest = split_arrays({**state, "replay_log": part, **({"pending": batch_header(pending)} if pending is not None else {})})
-    files = {
-        "state.json": json.dumps(rest).encode(),
-        "arrays.safetensors": save(arrays) if arrays else save({"_": np.zeros(1)}),
-        "fresh.arrow": encode_table(to_table(fresh, RolloutGroup)),
-    }
+    logs = logs or Logs.at(run_dir)
+    replay_part = logs.replay.append(seq, {"": replay, "batch_": pending.rollouts if pending is not None else []})
+    fresh_part = logs.fresh.append(seq, {"": fresh})
+    arrays, rest = split_arrays({**state, "replay_log": replay_part, "fresh_log": fresh_part,
+                                 **({"pending": batch_header(pending)} if pending is not None else {})})
+    files = {"state.json": json.dumps(rest).encode(),
+             "arrays.safetensors": save(arrays) if arrays else save({"_": np.zeros(1)})}
     uri = storage.write_versioned(root(run_dir), f"snap-{seq:08d}", files, KEEP, meta={"seq": seq})
-    log.prune(part["segments"])
+    logs.replay.prune(replay_part["segments"])
+    logs.fresh.prune(fresh_part["segments"])
     return uri
 
 
-def read_snapshot(run_dir: str, check=None, log: ReplayLog | None = None
+def read_snapshot(run_dir: str, check=None, logs: Logs | None = None
                   ) -> tuple[dict, list[RolloutGroup], list[TrainRollout], TrainBatch | None] | None:
     """The newest snapshot that verifies, parses and holds together (``check(state)`` raises
     ValueError where it does not: the scheduler checks its pool's sizes and its sampler's
     state); a torn, tampered or inconsistent one, or a garbage ``latest``, is logged and passed
     over for the one before. None if there is none. One of another configuration raises ConfigError."""
-    log = log or ReplayLog(run_dir)
+    logs = logs or Logs.at(run_dir)
     found = storage.first_readable(storage.candidates(root(run_dir), "snap-"),
-                                   lambda uri: read_snapshot_at(uri, check, log), "snapshot", fatal=(ConfigError,))
+                                   lambda uri: read_snapshot_at(uri, check, logs), "snapshot", fatal=(ConfigError,))
     return None if found is None else found[1]
 
 
-def read_snapshot_at(uri: str, check, log: ReplayLog) -> tuple[dict, list[RolloutGroup], list[TrainRollout], TrainBatch | None]:
+def read_snapshot_at(uri: str, check, logs: Logs) -> tuple[dict, list[RolloutGroup], list[TrainRollout], TrainBatch | None]:
+    """One snapshot. Those written before 2026-12-06 hold their fresh groups and pending batch
+    whole (fresh.arrow, pending.arrow); they are read as they are."""
     from safetensors.numpy import load
 
     rest = json.loads(storage.read_verified(uri, "state.json"))
     arrays = {k: v for k, v in load(storage.read_verified(uri, "arrays.safetensors")).items() if k != "_"}
-    fresh = decode_many(storage.read_verified(uri, "fresh.arrow"), RolloutGroup)
     state = join_arrays(rest, arrays)
-    part, header = state.pop("replay_log"), state.pop("pending", None)
+    replay_part, fresh_part, header = state.pop("replay_log"), state.pop("fresh_log", None), state.pop("pending", None)
     if check is not None:
         check(state)
-    replay, batch_rollouts = log.read(part)
+    replay, batch_rollouts = logs.replay.read(replay_part, ("", "batch_"))
+    if fresh_part is not None:
+        (fresh,) = logs.fresh.read(fresh_part, ("",))
+    else:
+        fresh = decode_many(storage.read_verified(uri, "fresh.arrow"), RolloutGroup)
     if header is not None:
         pending = batch_from(header, batch_rollouts)
-    else:  # a snapshot written before pending batches were named by segment and row holds its batch whole, if any
+    else:
         pending = decode(storage.read_verified(uri, "pending.arrow"), TrainBatch) if storage.has_file(uri, "pending.arrow") else None
     return state, fresh, replay, pending
 
@@ -223,11 +245,6 @@ def expect_inside(fields: dict) -> None:
         outside = held[(held < low) | (held >= high)]
         if outside.size:
             raise ValueError(f"scheduler snapshot: {name} holds {outside[0]}, outside {low}..{high - 1}")
-
-
-def read_replay(data: bytes) -> list[TrainRollout]:
-    """The replay buffer's rollouts: a table of TrainRollout rows."""
-    return from_table(pa.ipc.open_stream(pa.py_buffer(data)).read_all(), TrainRollout)
 
 
 def expect_state(state: dict, kind: str, size: str, fits: bool) -> None:

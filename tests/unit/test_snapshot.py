@@ -1,15 +1,19 @@
-"""The pending batch in a scheduler snapshot: named by segment and row, not written again, and
-restored as the batch it was."""
+"""What a scheduler snapshot holds as segments (the pending batch, the fresh groups): each
+record written once, named by segment and row, and restored as it was."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from prl import storage
-from prl.scheduler.snapshot import ReplayLog, batch_from, batch_header, read_snapshot, root, write_snapshot
-from prl.schemas import TrainBatch, TrainRollout, encode
+from prl.scheduler.snapshot import Logs, batch_from, batch_header, read_snapshot, root, split_arrays, write_snapshot
+from prl.schemas import RolloutGroup, TrainBatch, TrainRollout, encode
+from prl.schemas.records import encode_table, to_table
+from tests.support.groups import make_groups
 
 TOKENS = 500
 
@@ -36,7 +40,7 @@ def snapshot_bytes(run_dir: str, seq: int) -> int:
 
 def test_a_pending_batch_is_named_by_segment_and_row_and_restored_as_it_was(tmp_path):
     run_dir = str(tmp_path / "run")
-    buffer, log = rollouts(0, 40), ReplayLog(run_dir)
+    buffer, log = rollouts(0, 40), Logs.at(run_dir)
     write_snapshot(run_dir, 1, state(1), [], buffer, None, log)
     fresh = rollouts(100, 16)
     buffer += fresh  # the composition put the batch's fresh rollouts in the buffer
@@ -48,7 +52,7 @@ def test_a_pending_batch_is_named_by_segment_and_row_and_restored_as_it_was(tmp_
     assert len(new) == 1  # one segment: the fresh rollouts, written once for the buffer and the batch
     assert list(new)[0].stat().st_size < len(encode(pending))
     assert snapshot_bytes(run_dir, 2) < len(encode(pending)) / 10  # the batch's tokens are not in the snapshot
-    _, _, restored_buffer, restored = read_snapshot(run_dir, log=ReplayLog(run_dir))
+    _, _, restored_buffer, restored = read_snapshot(run_dir, logs=Logs.at(run_dir))
     assert encode(restored) == encode(pending)
     assert [r.rollout_id for r in restored_buffer] == [r.rollout_id for r in buffer]
     assert not any(r.is_replay for r in restored_buffer)  # what the batch adds stays with the batch
@@ -70,21 +74,37 @@ def test_a_pending_batch_whose_header_does_not_match_its_rollouts_is_refused():
         batch_from(batch_header(pending), pending.rollouts[:-1])
 
 
-def test_a_snapshot_that_holds_its_pending_batch_whole_still_restores(tmp_path):
-    """Written before pending batches were named by segment and row: its pending.arrow is read."""
-    run_dir = str(tmp_path / "run")
-    pending = batch_of(1, rollouts(0, 8), [])
-    uri = write_snapshot(run_dir, 1, state(1), [], [])
-    files = {f: storage.read_verified(uri, f) for f in ("state.json", "arrays.safetensors", "fresh.arrow")}
-    storage.write_versioned(root(run_dir), "snap-00000002", {**files, "pending.arrow": encode(pending)}, 2, meta={"seq": 2})
-    assert encode(read_snapshot(run_dir)[3]) == encode(pending)
+def test_fresh_groups_are_written_once_and_restored_in_order(tmp_path):
+    run_dir, groups = str(tmp_path / "run"), make_groups(12)
+    logs = Logs.at(run_dir)
+    write_snapshot(run_dir, 1, state(1), groups[:8], [], None, logs)
+    written = set(Path(root(run_dir), "fresh").iterdir())
+    write_snapshot(run_dir, 2, state(2), groups[4:], [], None, logs)  # a batch took 4, 4 arrived
+    new = set(Path(root(run_dir), "fresh").iterdir()) - written
+    assert len(new) == 1 and pa.ipc.open_stream(list(new)[0].read_bytes()).read_all().num_rows == 4
+    fresh = read_snapshot(run_dir)[1]
+    assert [encode(g) for g in fresh] == [encode(g) for g in groups[4:]]
+
+
+def test_a_snapshot_that_holds_its_fresh_groups_and_pending_batch_whole_still_restores(tmp_path):
+    """Written before 2026-12-06: fresh.arrow and pending.arrow, no segments for either."""
+    from safetensors.numpy import save
+
+    run_dir, groups, pending = str(tmp_path / "run"), make_groups(3), batch_of(1, rollouts(0, 8), [])
+    empty = {"segments": [], "checksums": [], "segment": np.zeros(0, np.int32), "row": np.zeros(0, np.int32)}
+    arrays, rest = split_arrays({**state(1), "replay_log": empty})
+    files = {"state.json": json.dumps(rest).encode(), "arrays.safetensors": save(arrays),
+             "fresh.arrow": encode_table(to_table(groups, RolloutGroup)), "pending.arrow": encode(pending)}
+    storage.write_versioned(root(run_dir), "snap-00000001", files, 2, meta={"seq": 1})
+    _, fresh, _, restored = read_snapshot(run_dir)
+    assert [encode(g) for g in fresh] == [encode(g) for g in groups] and encode(restored) == encode(pending)
 
 
 def test_restoring_keeps_the_pending_batch_s_segments_until_two_snapshots_no_longer_name_them(tmp_path):
     run_dir, seq = str(tmp_path / "run"), 1
     write_snapshot(run_dir, seq, state(seq), [], [], batch_of(seq, rollouts(0, 8), []))
-    log = ReplayLog(run_dir)
-    read_snapshot(run_dir, log=log)
+    log = Logs.at(run_dir)
+    read_snapshot(run_dir, logs=log)
     segment_dir = Path(run_dir, "scheduler", "replay")
     first = set(segment_dir.iterdir())
     write_snapshot(run_dir, seq + 1, state(seq + 1), [], [], None, log)
