@@ -252,6 +252,8 @@ def run_producers(config: str, stop, totals, commands, queued, ready, tokens: in
             queued.put(waited)
     for t in [*threads, policy]:
         t.stop.set()
+    for t in [*threads, policy]:  # each closes its clients; at exit, kafka-python would close them under it
+        t.join(5)
 
 
 def producer_names(have: int, want: int, processes: int) -> list[list[str]]:
