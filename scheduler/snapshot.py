@@ -121,12 +121,16 @@ class SegmentLog:
 
     def read(self, part: dict, prefixes: tuple[str, ...]) -> list[list]:
         """The records a snapshot's part names for each of ``prefixes`` (none where the part has
-        no such list), each segment checked against its checksum; the log continues from them."""
+        no such list), each segment checked against its checksum; the log continues from them.
+        The other segments in its directory (named by the snapshot before alone, or left by a
+        process killed mid-snapshot) are deleted once two snapshots after this one do not name them."""
         names = list(part["segments"])
         segments = {n: from_table(pa.ipc.open_stream(pa.py_buffer(storage.read_checked(f"{self.dir}/{n}", c))).read_all(),
                                   self.record) for n, c in zip(names, part["checksums"])}
-        self.checksums = dict(zip(names, part["checksums"]))
-        self.named_before = set(names)
+        fs, path = fsspec.core.url_to_fs(self.dir)
+        others = [p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)] if fs.exists(path) else []
+        self.checksums = {**{n: "" for n in others}, **dict(zip(names, part["checksums"]))}
+        self.named_before = set(names) | set(others)
         self.place, out = {}, []
         for prefix in prefixes:
             where = list(zip(part.get(prefix + "segment", np.zeros(0)).tolist(), part.get(prefix + "row", np.zeros(0)).tolist()))

@@ -111,3 +111,22 @@ def test_restoring_keeps_the_pending_batch_s_segments_until_two_snapshots_no_lon
     assert first <= set(segment_dir.iterdir())  # the snapshot before still names them
     write_snapshot(run_dir, seq + 2, state(seq + 2), [], [], None, log)
     assert not first & set(segment_dir.iterdir())
+
+
+def test_segments_a_restored_snapshot_does_not_name_are_deleted_two_snapshots_later(tmp_path):
+    """A restarted scheduler knows the segments its snapshot names; those of the snapshot
+    before, and one a scheduler killed mid-snapshot left, would stay forever otherwise."""
+    run_dir, groups = str(tmp_path / "run"), make_groups(12)
+    fresh_dir = Path(root(run_dir), "fresh")
+    write_snapshot(run_dir, 1, state(1), groups[:4], [], None, Logs.at(run_dir))
+    earlier = set(fresh_dir.iterdir())
+    write_snapshot(run_dir, 2, state(2), groups[4:8], [], None, Logs.at(run_dir))  # the killed scheduler's last
+    orphan = fresh_dir / "seg-00000003-0badf00d.arrow"
+    orphan.write_bytes(b"written before the kill")
+    logs = Logs.at(run_dir)
+    assert [g.dispatch_id for g in read_snapshot(run_dir, logs=logs)[1]] == [g.dispatch_id for g in groups[4:8]]
+    write_snapshot(run_dir, 3, state(3), groups[8:], [], None, logs)
+    assert earlier | {orphan} <= set(fresh_dir.iterdir())  # the snapshot before this one may still be read
+    write_snapshot(run_dir, 4, state(4), groups[8:], [], None, logs)
+    assert not (earlier | {orphan}) & set(fresh_dir.iterdir())
+    assert [g.dispatch_id for g in read_snapshot(run_dir)[1]] == [g.dispatch_id for g in groups[8:]]
