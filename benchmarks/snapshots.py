@@ -9,7 +9,7 @@ fresh rollouts and half as many replayed), into a local directory.
 
 - prl: scheduler/snapshot.py, the new rollouts and groups appended as one segment per log a step.
 - whole buffer: the same snapshot with every rollout in the buffer and every waiting group
-  written again each step, as the scheduler wrote them before segments.
+  written again each step, as the scheduler wrote them before segments (the batch named in it).
 
 Bytes written are the sizes of the files the step wrote (snapshot, segment, manifest, latest).
 """
