@@ -127,8 +127,7 @@ class SegmentLog:
         names = list(part["segments"])
         segments = {n: from_table(pa.ipc.open_stream(pa.py_buffer(storage.read_checked(f"{self.dir}/{n}", c))).read_all(),
                                   self.record) for n, c in zip(names, part["checksums"])}
-        fs, path = fsspec.core.url_to_fs(self.dir)
-        others = [p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)] if fs.exists(path) else []
+        others = storage.list_versions(self.dir, "seg-")
         self.checksums = {**{n: "" for n in others}, **dict(zip(names, part["checksums"]))}
         self.named_before = set(names) | set(others)
         self.place, out = {}, []
