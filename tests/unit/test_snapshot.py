@@ -40,13 +40,13 @@ def snapshot_bytes(run_dir: str, seq: int) -> int:
 
 def test_a_pending_batch_is_named_by_segment_and_row_and_restored_as_it_was(tmp_path):
     run_dir = str(tmp_path / "run")
-    buffer, log = rollouts(0, 40), Logs.at(run_dir)
-    write_snapshot(run_dir, 1, state(1), [], buffer, None, log)
+    buffer, logs = rollouts(0, 40), Logs.at(run_dir)
+    write_snapshot(run_dir, 1, state(1), [], buffer, None, logs)
     fresh = rollouts(100, 16)
     buffer += fresh  # the composition put the batch's fresh rollouts in the buffer
     pending = batch_of(2, fresh, buffer[5:13])
     segments = set(Path(run_dir, "scheduler", "replay").iterdir())
-    write_snapshot(run_dir, 2, state(2), [], buffer, pending, log)
+    write_snapshot(run_dir, 2, state(2), [], buffer, pending, logs)
 
     new = set(Path(run_dir, "scheduler", "replay").iterdir()) - segments
     assert len(new) == 1  # one segment: the fresh rollouts, written once for the buffer and the batch
@@ -103,13 +103,13 @@ def test_a_snapshot_that_holds_its_fresh_groups_and_pending_batch_whole_still_re
 def test_restoring_keeps_the_pending_batch_s_segments_until_two_snapshots_no_longer_name_them(tmp_path):
     run_dir, seq = str(tmp_path / "run"), 1
     write_snapshot(run_dir, seq, state(seq), [], [], batch_of(seq, rollouts(0, 8), []))
-    log = Logs.at(run_dir)
-    read_snapshot(run_dir, logs=log)
+    logs = Logs.at(run_dir)
+    read_snapshot(run_dir, logs=logs)
     segment_dir = Path(run_dir, "scheduler", "replay")
     first = set(segment_dir.iterdir())
-    write_snapshot(run_dir, seq + 1, state(seq + 1), [], [], None, log)
+    write_snapshot(run_dir, seq + 1, state(seq + 1), [], [], None, logs)
     assert first <= set(segment_dir.iterdir())  # the snapshot before still names them
-    write_snapshot(run_dir, seq + 2, state(seq + 2), [], [], None, log)
+    write_snapshot(run_dir, seq + 2, state(seq + 2), [], [], None, logs)
     assert not first & set(segment_dir.iterdir())
 
 
