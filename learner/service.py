@@ -86,6 +86,7 @@ class Learner(Service):
         self.published = newest_version(cfg.run.run_dir)  # numbers up to it are never announced again
         self.writer = PolicyWriter(cfg.run.run_dir, cfg.model.dtype)
         self.outgoing: deque = deque()  # (version, last batch seq, future of its write), oldest first
+        self.unacknowledged_announcement = False
         self.log.info("memory", **distributed.memory_report(self.model, self.dist))
         if self.is_main:
             self.log_precision()
@@ -232,7 +233,9 @@ class Learner(Service):
 
     def announce(self, record: PolicyVersion) -> None:
         self.send(POLICY, record, key=self.cfg.run.name.encode())
+        self.unacknowledged_announcement = True  # until a flush succeeds: the next step tries again first
         self.publisher.flush()
+        self.unacknowledged_announcement = False
 
     def step(self) -> bool:
         if self.version >= self.cfg.learner.max_steps or self.exhausted:
@@ -240,8 +243,9 @@ class Learner(Service):
             self.publisher.flush()  # again, if the broker did not take the last ones before
             return True
         self.announce_written()
-        if self.publisher.unacknowledged:  # announcements the broker did not take: they go first
+        if self.unacknowledged_announcement:  # it goes first (dead letters wait for the next flush)
             self.publisher.flush()
+            self.unacknowledged_announcement = False
         data = None
         if self.is_main:
             msg, self.exhausted = self.source.next(self.poll_s)

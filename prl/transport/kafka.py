@@ -31,6 +31,10 @@ BLOCK_MS = 10_000
 # After failed connections kafka-python waits up to this long before trying a broker again. Its
 # default, 30 s, let a pipeline sit idle for up to 30 s after a network fault had healed.
 RECONNECT_BACKOFF_MAX_MS = 2_000
+# A publisher keeps each message until a flush sees it acknowledged; between flushes (a learner
+# dead-letters a flood of bad batches and flushes at its next checkpoint) it forgets the
+# acknowledged ones once it keeps this many, so what it holds is bounded by what is in flight.
+FORGET_EVERY = 1024
 
 
 def client_settings(cfg) -> dict:
@@ -72,6 +76,7 @@ class KafkaPublisher(Publisher):
         # producer was renewed): only then does a publish walk ``_sent``, so that publishing n
         # messages between flushes costs O(n), not O(n^2). Set by kafka-python's sender thread too.
         self._resend_due = False
+        self._forget_at = FORGET_EVERY  # kept messages that make publish forget the acknowledged ones
 
     def _new_producer(self):
         from kafka import KafkaProducer
@@ -96,6 +101,8 @@ class KafkaPublisher(Publisher):
             self._resend_failed()  # the older ones first: they keep their order
         else:
             self._send(entry)
+        if len(self._sent) >= self._forget_at:  # many publishes and no flush (a flood of dead letters)
+            self._forget_acknowledged()
 
     def _send(self, entry: list) -> None:
         from kafka.errors import KafkaError
@@ -138,10 +145,16 @@ class KafkaPublisher(Publisher):
     def _keep_unacknowledged(self) -> Exception | None:
         """Forget what the broker acknowledged; keep the rest to send again. Returns the first
         failure kafka-python reported, if any."""
-        self._sent = [e for e in self._sent if e[1] is None or not e[1].is_done or e[1].failed()]
+        self._forget_acknowledged()
         self._renew_if_fatal()
         return next((e[1].exception for e in self._sent if e[1] is not None and e[1].is_done), None) or \
             (TimeoutError("not acknowledged in time") if self._sent else None)
+
+    def _forget_acknowledged(self) -> None:
+        """Keep only the messages the broker has not acknowledged; the next forgetting comes
+        after as many publishes again (amortized O(1) a publish)."""
+        self._sent = [e for e in self._sent if e[1] is None or not e[1].is_done or e[1].failed()]
+        self._forget_at = max(FORGET_EVERY, 2 * len(self._sent))
 
     def _renew_if_fatal(self) -> None:
         """Replace a producer that can no longer send. kafka-python's idempotent producer never

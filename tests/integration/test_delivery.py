@@ -7,7 +7,7 @@ import pytest
 
 from prl.transport import TransportError
 from prl.transport.memory import MemoryBroker, MemoryPublisher, MemoryTransport
-from prl.schemas import Dispatch, RolloutGroup, TrainBatch, decode, topic_name
+from prl.schemas import Dispatch, RolloutGroup, TrainBatch, decode, encode, topic_name
 from prl.schemas.topics import BATCHES, PROBLEMS, ROLLOUTS
 from tests.integration.test_pipeline import small_config
 from tests.support.servers import wait_until
@@ -136,3 +136,34 @@ def test_a_problem_nobody_answers_is_retired_after_its_capped_attempts(tmp_path)
     assert "TimedOut" in reason and "dispatch_timeout_s" in reason
     retired = scheduler.counters["problems_retired"]
     assert scheduler.counters["dispatched"] == MAX_DISPATCH_ATTEMPTS * retired
+
+
+def test_bad_batches_are_dead_lettered_without_a_flush_each_and_committed_after_one(tmp_path):
+    """The learner dead-letters a flood of bad batch messages at the rate it reads them: no
+    flush (a broker round trip) for each; the dead letters reach their topic with the flush of
+    its next checkpoint, and only then are the batch offsets committed past them."""
+    from prl.learner.service import Learner
+    from prl.schemas import DeadLetter
+    from prl.schemas.topics import DEADLETTER
+    from tests.unit.test_grpo import random_rollouts
+
+    cfg = small_config(tmp_path, **{"scheduler.replay.ratio": 0, "learner.checkpoint_every": 1})
+    broker = MemoryBroker()
+    transport = MemoryTransport(broker)
+    transport.ensure_topics(cfg.run.name)
+    learner = Learner(cfg, transport)
+    learner.publisher = FailingPublisher(broker)
+    flushes = []
+    flush = learner.publisher.flush
+    learner.publisher.flush = lambda *a, **k: (flushes.append(len(learner.publisher.held)), flush(*a, **k))
+    batches = topic_name(cfg.run.name, BATCHES)
+    for i in range(50):
+        broker.append(batches, b"not a batch %d" % i, b"k", [])
+    for _ in range(50):
+        learner.step()
+    assert flushes == [] and learner.publisher.unacknowledged == 50
+    assert not broker.committed, "offsets committed past dead letters not on their topic"
+    broker.append(batches, encode(TrainBatch("b0", 0, 0, 0, random_rollouts(8, seed=0))), b"k", [])
+    wait_until(lambda: learner.step() or learner.version == 1, 30, "the good batch trained")
+    assert len(records(broker, topic_name(cfg.run.name, DEADLETTER), DeadLetter)) == 50
+    assert list(broker.committed.values()) == [51]

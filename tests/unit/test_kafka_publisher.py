@@ -11,7 +11,7 @@ from kafka.future import Future
 from structlog.testing import capture_logs
 
 from prl.transport.base import TransportError
-from prl.transport.kafka import KafkaPublisher
+from prl.transport.kafka import FORGET_EVERY, KafkaPublisher
 
 FATAL = KafkaError("Unexpected error in InitProducerIdResponse: [Error -1] UnknownError")
 
@@ -134,5 +134,24 @@ def test_a_failure_reported_between_flushes_goes_again_with_the_next_publish_ahe
     producer.pending[0].failure(KafkaError("NotLeaderForPartitionError"))  # its sender thread gave up on it
     publisher.publish("run.problems", b"dispatch 3")
     assert producer.sent == [b"dispatch 1", b"dispatch 2", b"dispatch 1", b"dispatch 3"]
+    publisher.flush()
+    assert publisher.unacknowledged == 0
+
+
+def test_without_a_flush_the_publisher_keeps_only_what_the_broker_has_not_acknowledged(publisher):
+    """A learner dead-letters a flood of bad batches and flushes at its next checkpoint: what
+    the publisher holds in between stays bounded by what is in flight, and a message the broker
+    refused is still kept and sent again."""
+    producer = StandInProducer.made[0]
+    for i in range(10 * FORGET_EVERY):
+        publisher.publish("run.deadletter", b"dead %d" % i)
+        producer.pending[-1].success(None)  # kafka-python's sender thread: acknowledged
+        assert publisher.unacknowledged <= FORGET_EVERY
+    publisher.publish("run.deadletter", b"refused")
+    producer.pending[-1].failure(KafkaError("NotLeaderForPartitionError"))
+    for i in range(2 * FORGET_EVERY):
+        publisher.publish("run.deadletter", b"later %d" % i)
+        producer.pending[-1].success(None)
+    assert producer.sent.count(b"refused") == 2  # sent again by the publish after the failure
     publisher.flush()
     assert publisher.unacknowledged == 0
