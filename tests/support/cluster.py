@@ -137,13 +137,17 @@ def as_batch(record, groups) -> TrainBatch:
 
 
 def read_topic(bootstrap: str, topic: str, cls) -> list:
-    """Every record on ``topic`` (the services have stopped: an idle poll means the end)."""
+    """Every record on ``topic`` (the services have stopped: the end is the high watermark
+    the first fetch reports)."""
     transport = KafkaTransport(KafkaConfig(bootstrap_servers=bootstrap))
     sub = transport.subscriber([topic], group=None)
     msgs = []
     try:
-        while batch := sub.poll(3.0, max_records=5000):
-            msgs += batch
+        def at_end():
+            batch = sub.poll(0.2, max_records=5000)
+            msgs.extend(batch)
+            return not batch and sub.caught_up()
+        wait_until(at_end, 60, f"the end of {topic}", 0)
     finally:
         sub.close()
     return [decode(m.value, cls) for m in msgs]
