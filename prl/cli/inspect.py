@@ -27,10 +27,10 @@ HIGHWATER = "fetch high watermark"
 def _consumer(cfg):
     from kafka import KafkaConsumer
 
-    from prl.transport.kafka import client_settings
+    from prl.transport.kafka import kafka_client
 
-    return KafkaConsumer(**client_settings(cfg), group_id=None, enable_auto_commit=False,
-                         fetch_max_bytes=cfg.max_message_bytes, max_partition_fetch_bytes=cfg.max_message_bytes)
+    return kafka_client(KafkaConsumer, cfg, group_id=None, enable_auto_commit=False,
+                        fetch_max_bytes=cfg.max_message_bytes, max_partition_fetch_bytes=cfg.max_message_bytes)
 
 
 def end_offsets(consumer, tps: list, timeout_s: float = 15.0) -> dict:
@@ -61,11 +61,11 @@ def topic_report(cfg) -> list[TopicRow]:
     """Every topic of the run: partitions, messages, and each consumer group's lag."""
     from kafka import KafkaAdminClient, TopicPartition
 
-    from prl.transport.kafka import client_settings
+    from prl.transport.kafka import kafka_client
 
     kcfg = cfg.transport.kafka
     consumer = _consumer(kcfg)
-    admin = KafkaAdminClient(**client_settings(kcfg))
+    admin = kafka_client(KafkaAdminClient, kcfg)
     try:
         names = [topic_name(cfg.run.name, kind) for kind in TOPICS]
         existing = consumer.topics()

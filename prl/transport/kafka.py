@@ -40,7 +40,7 @@ FORGET_EVERY = 1024
 def client_settings(cfg) -> dict:
     """Connection settings shared by producer, consumer and admin clients."""
     out = {"bootstrap_servers": cfg.bootstrap_servers.split(","), "security_protocol": cfg.security_protocol,
-           "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS}
+           "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, "bootstrap_timeout_ms": BLOCK_MS}
     if cfg.ssl_cafile:
         out["ssl_cafile"] = cfg.ssl_cafile
     if cfg.security_protocol.startswith("SASL"):
@@ -48,6 +48,23 @@ def client_settings(cfg) -> dict:
         out["sasl_plain_username"] = os.environ.get(USERNAME_ENV, "")
         out["sasl_plain_password"] = os.environ.get(PASSWORD_ENV, "")
     return out
+
+
+def kafka_client(kind, cfg, **settings):
+    """A kafka-python client (``kind``: KafkaProducer, KafkaConsumer or KafkaAdminClient) with the
+    connection settings of ``cfg`` and ``settings``. A broker that takes connections but gives the
+    client no metadata within BLOCK_MS (it speaks another security_protocol or SASL mechanism,
+    or does not know the credentials) is one TransportError that says what to check."""
+    from kafka.errors import KafkaTimeoutError
+
+    try:
+        return kind(**client_settings(cfg), **settings)
+    except KafkaTimeoutError as exc:
+        raise TransportError(
+            f"the Kafka broker at {cfg.bootstrap_servers} takes connections but gave no metadata within "
+            f"{BLOCK_MS // 1000} s ({exc}); check transport.kafka.security_protocol ({cfg.security_protocol}), "
+            f"sasl_mechanism and ssl_cafile against the broker's listener, and {USERNAME_ENV} / {PASSWORD_ENV}"
+        ) from None
 
 
 def topic_configs(spec, max_message_bytes: int) -> dict[str, str]:
@@ -81,8 +98,8 @@ class KafkaPublisher(Publisher):
     def _new_producer(self):
         from kafka import KafkaProducer
 
-        return KafkaProducer(
-            **client_settings(self._cfg),
+        return kafka_client(
+            KafkaProducer, self._cfg,
             acks="all",
             enable_idempotence=True,
             compression_type="zstd",
@@ -205,7 +222,6 @@ class KafkaSubscriber(Subscriber):
         from kafka import KafkaConsumer, TopicPartition
 
         settings = dict(
-            **client_settings(cfg),
             enable_auto_commit=False,
             auto_offset_reset="earliest" if from_beginning else "latest",
             max_partition_fetch_bytes=cfg.max_message_bytes,
@@ -222,14 +238,14 @@ class KafkaSubscriber(Subscriber):
         self._unassigned_since = time.monotonic()  # a group member with no partitions since then
         self._warned_at = 0.0
         if group is not None:
-            self._consumer = KafkaConsumer(group_id=group, **settings)
+            self._consumer = kafka_client(KafkaConsumer, cfg, group_id=group, **settings)
             self._consumer.subscribe(list(topics), listener=assignment_logger(group))
             if not keep_finished_joins(getattr(self._consumer, "_coordinator", None)):
                 log.warning("join_fix_not_applied", group=group,
                             reason="this kafka-python lacks the coordinator internals keep_finished_joins wraps; "
                                    "a join that finishes between polls is repeated")
         else:
-            self._consumer = KafkaConsumer(group_id=None, **settings)
+            self._consumer = kafka_client(KafkaConsumer, cfg, group_id=None, **settings)
             parts = []
             for t in topics:
                 ids = self._consumer.partitions_for_topic(t) or {0}
@@ -309,10 +325,10 @@ class KafkaReader(Reader):
 
         # Brokers return a first message larger than the fetch size whole (KIP-74; tansu too), so
         # a small fetch size loses no message and saves reading what follows the wanted offsets.
-        self._consumer = KafkaConsumer(**client_settings(cfg), group_id=None, enable_auto_commit=False,
-                                       max_partition_fetch_bytes=self.FETCH_BYTES,
-                                       fetch_max_bytes=max(cfg.max_message_bytes, 52428800),
-                                       fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
+        self._consumer = kafka_client(KafkaConsumer, cfg, group_id=None, enable_auto_commit=False,
+                                      max_partition_fetch_bytes=self.FETCH_BYTES,
+                                      fetch_max_bytes=max(cfg.max_message_bytes, 52428800),
+                                      fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
 
     def get_many(self, coords, timeout_s=30.0):
         from kafka import TopicPartition
@@ -391,7 +407,7 @@ class KafkaTransport(Transport):
         KafkaTopic resources; a broker that refuses the creation is logged, not fatal)."""
         from kafka import KafkaAdminClient
 
-        admin = KafkaAdminClient(**client_settings(self.cfg))
+        admin = kafka_client(KafkaAdminClient, self.cfg)
         try:
             existing = set(admin.list_topics())
             wanted = {
