@@ -48,7 +48,7 @@ def test_the_learning_benchmark_sets_each_strategy_beside_its_baselines(capsys, 
 
     out_json = tmp_path / "l.json"
     assert main(["bench", "learning", "--seeds", "1", "--strategies", "uniform", "dapo_filter", "default", "--rollouts", "600",
-                 "--jobs", "1", "--json", str(out_json)]) == 0
+                 "--jobs", "2", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "against uniform:" in out and "against dapo_filter:" in out
     stored = json.loads(out_json.read_text())
