@@ -234,6 +234,10 @@ class Learner(Service):
     def announce(self, record: PolicyVersion) -> None:
         self.send(POLICY, record, key=self.cfg.run.name.encode())
         self.unacknowledged_announcement = True  # until a flush succeeds: the next step tries again first
+        self.flush_announcements()
+
+    def flush_announcements(self) -> None:
+        """Wait for the broker to take every announcement sent (and what was published before it)."""
         self.publisher.flush()
         self.unacknowledged_announcement = False
 
@@ -244,8 +248,7 @@ class Learner(Service):
             return True
         self.announce_written()
         if self.unacknowledged_announcement:  # it goes first (dead letters wait for the next flush)
-            self.publisher.flush()
-            self.unacknowledged_announcement = False
+            self.flush_announcements()
         data = None
         if self.is_main:
             msg, self.exhausted = self.source.next(self.poll_s)
