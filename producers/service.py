@@ -19,7 +19,9 @@ Loop, top to bottom:
 EvalRequests come on the same topic: each is answered greedily by the version it names and no
 other, the one served or that version rebuilt from storage and swapped in for the call, and the
 answers go back as an EvalResult (or one saying why it cannot). A producer finishes once it
-serves the learner's last version and no request has come for ``FINISH_IDLE_S``.
+serves the learner's last version and no evaluation of it can come any more: at once when
+evaluations are off (``learner.eval_every = 0``), else once no request has come for
+``FINISH_IDLE_S``.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class Producer(Service):
         self.maybe_reload()
         if self.publisher.unacknowledged:  # a step the broker failed: deliver its work before taking more
             self.deliver(self.dispatches)
-        if self.backend.version >= self.cfg.learner.max_steps and time.monotonic() - self.last_request_at > FINISH_IDLE_S:
+        if self.finished():
             self.log.info("learner_finished", policy_version=self.backend.version)
             return True  # the last policy is served and its evaluation answered: nothing more to do
         msgs = self.poll_dispatches()
@@ -126,6 +128,12 @@ class Producer(Service):
         if msgs:
             self.deliver(self.dispatches)
         return False
+
+    def finished(self) -> bool:
+        """The learner's last version is served and its evaluation answered, or none will be asked."""
+        if self.backend.version < self.cfg.learner.max_steps:
+            return False
+        return not self.cfg.learner.eval_every or time.monotonic() - self.last_request_at > FINISH_IDLE_S
 
     def too_big(self, group: RolloutGroup, size: str) -> RolloutGroup:
         """The error group that answers a dispatch whose group is too big for one message."""

@@ -9,7 +9,7 @@ import torch
 
 from prl.models import export_state, load_model
 from prl.policy import PolicyWriter
-from prl.producers.service import Producer
+from prl.producers.service import FINISH_IDLE_S, Producer
 from prl.scheduler.service import Scheduler
 from prl.schemas import EvalRequest, EvalResult, PolicyVersion, decode, encode, headers, topic_name
 from prl.schemas.config import load_config
@@ -201,6 +201,21 @@ def test_a_finishing_scheduler_waits_for_every_evaluation_asked_not_only_the_las
     answer(run, again[0])
     assert scheduler.step() is True
     assert [e.version for e in scheduler.evaluator.done()] == [0, 2]
+
+
+@pytest.mark.parametrize("eval_every", [0, 10])
+def test_a_producer_serving_the_last_version_finishes_once_no_evaluation_can_come(tmp_path, eval_every):
+    """With evaluations off, nothing more can be asked of a producer that serves the learner's
+    last version: it finishes at its next step (a run of processes ends with its scheduler, not
+    FINISH_IDLE_S later). With them on, it serves on until no request has come for that long."""
+    run = Run(config(tmp_path, **{"learner.eval_every": eval_every, "learner.max_steps": 1}))
+    run.version(1)
+    producer = Producer(run.cfg, run.transport)
+    assert producer.backend.version == 1
+    if eval_every:
+        assert producer.step() is False  # the last version's evaluation may still be asked
+        producer.last_request_at -= FINISH_IDLE_S
+    assert producer.step() is True
 
 
 def test_a_scheduler_on_a_new_broker_sends_again_at_once_what_its_snapshot_had_in_flight(tmp_path):
