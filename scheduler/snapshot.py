@@ -1,6 +1,8 @@
 """Scheduler snapshots in object storage: what a restarted scheduler needs to continue.
 
-``<run_dir>/scheduler/snap-00000042/`` (42 = the next batch sequence number) holds
+``<run_dir>/scheduler/snap-00000042/`` (42: the next batch sequence number, or one past the
+newest snapshot's number where that is more: the end of a run snapshots without a batch since
+the one before, and a snapshot once written is never written again) holds
 ``state.json`` (in-flight table, counters, the sampler's small state, the pending batch's
 header) and ``arrays.safetensors`` (the sampler's per-problem arrays, and where each record
 below is stored), then ``manifest.json``; ``latest`` is written last (prl/storage.py).
@@ -141,11 +143,13 @@ class SegmentLog:
 
 @dataclasses.dataclass
 class Logs:
-    """A scheduler's segment logs, kept between its snapshots: the replay buffer's and the
-    pending batch's rollouts, and the accepted groups not yet in a batch."""
+    """What a scheduler keeps between its snapshots: the segment logs (the replay buffer's and
+    the pending batch's rollouts, and the accepted groups not yet in a batch) and the newest
+    snapshot number in storage."""
 
     replay: SegmentLog
     fresh: SegmentLog
+    newest: int = -1
 
     @classmethod
     def at(cls, run_dir: str) -> "Logs":
@@ -193,7 +197,8 @@ def write_snapshot(run_dir: str, seq: int, state: dict, fresh: list[RolloutGroup
                                  **({"pending": batch_header(pending)} if pending is not None else {})})
     files = {"state.json": json.dumps(rest).encode(),
              "arrays.safetensors": save(arrays) if arrays else save({"_": np.zeros(1)})}
-    uri = storage.write_versioned(root(run_dir), f"snap-{seq:08d}", files, KEEP, meta={"seq": seq})
+    logs.newest = max(seq, logs.newest + 1)  # never into a directory written before: the one before must stay whole
+    uri = storage.write_versioned(root(run_dir), f"snap-{logs.newest:08d}", files, KEEP, meta={"seq": seq})
     logs.replay.prune(replay_part["segments"])
     logs.fresh.prune(fresh_part["segments"])
     return uri
@@ -206,6 +211,8 @@ def read_snapshot(run_dir: str, check=None, logs: Logs | None = None
     state); a torn, tampered or inconsistent one, or a garbage ``latest``, is logged and passed
     over for the one before. None if there is none. One of another configuration raises ConfigError."""
     logs = logs or Logs.at(run_dir)
+    logs.newest = max([int(n[5:]) for n in storage.list_versions(root(run_dir), "snap-") if storage.VERSION_NAME.match(n)],
+                      default=-1)
     found = storage.first_readable(storage.candidates(root(run_dir), "snap-"),
                                    lambda uri: read_snapshot_at(uri, check, logs), "snapshot", fatal=(ConfigError,))
     return None if found is None else found[1]

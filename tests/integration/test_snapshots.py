@@ -98,3 +98,29 @@ def test_a_snapshot_writes_the_new_rollouts_of_the_replay_buffer_not_all_of_it(t
     assert len(scheduler.replay) > 2 * fresh_rollouts  # ...while the buffer holds far more
     kept = storage.list_versions(snapshot.root(cfg.run.run_dir), "snap-")
     assert len(kept) == snapshot.KEEP
+
+
+def test_the_snapshot_at_the_end_of_a_run_leaves_the_one_before_whole(tmp_path):
+    """The last snapshot comes with no batch since the one before: it takes the next number
+    instead of writing that one's directory again (which pruned the segments of the one before
+    it and left no whole snapshot to fall back on if the rewrite tore). Every kept snapshot
+    restores on its own, and the run continues past both."""
+    from prl.producers.service import Producer
+
+    cfg = small_config(tmp_path, **{"scheduler.replay.warmup_updates": 0})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    scheduler, producer, learner = Scheduler(cfg, transport), Producer(cfg, transport), Learner(cfg, transport)
+    run_until(scheduler, producer, learner, 3)
+    producer.step()  # groups arrive after the last batch's snapshot: the last snapshot holds them
+    scheduler.ask_to_finish()
+    wait_until(scheduler.step, 30, "the scheduler to finish")
+    kept = storage.list_versions(snapshot.root(cfg.run.run_dir), "snap-")
+    assert kept == [f"snap-{scheduler.next_seq:08d}", f"snap-{scheduler.next_seq + 1:08d}"]
+    for name in kept:
+        state = snapshot.read_snapshot_at(f"{snapshot.root(cfg.run.run_dir)}/{name}", None, snapshot.Logs.at(cfg.run.run_dir))[0]
+        assert state["next_seq"] == scheduler.next_seq
+    restarted = Scheduler(cfg, transport)
+    assert restarted.next_seq == scheduler.next_seq
+    run_until(restarted, producer, learner, scheduler.next_seq + 2)
+    assert storage.list_versions(snapshot.root(cfg.run.run_dir), "snap-")[-1] == f"snap-{restarted.next_seq + 1:08d}"
