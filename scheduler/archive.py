@@ -23,7 +23,7 @@ One row per rollout group. Columns (``policy_version`` comes from the directory 
 A file holds at most ``max_rows`` groups; a partial file is written when ``flush_every_s``
 passes, at every scheduler snapshot (before the rollout offsets are committed, so a killed
 scheduler loses no archived group: it re-reads and re-archives what came after its snapshot,
-which can archive a group twice) and on ``close`` (on shutdown). Each writer start uses its
+which can archive a group twice; the reader keeps the first) and on ``close`` (on shutdown). Each writer start uses its
 own file prefix, so a restarted scheduler never overwrites a file. Each file is written whole
 (on a local disk a temporary file renamed; on object storage one PUT), so a killed scheduler
 leaves no torn file for the readers.
@@ -35,6 +35,7 @@ import time
 import uuid
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -111,7 +112,7 @@ class RolloutArchive:
 
 def read_archive(uri: str) -> pa.Table:
     """The whole archive as one table with ``policy_version`` restored from the paths,
-    sorted by acceptance time."""
+    sorted by acceptance time, each dispatch's group once (the first archived)."""
     import pyarrow.dataset as ds
 
     fs, path = fsspec.core.url_to_fs(uri.rstrip("/"))
@@ -125,7 +126,13 @@ def read_archive(uri: str) -> pa.Table:
         raise StorageError(unreadable_archive(fs, files, exc)) from None
     table = table.set_column(table.schema.get_field_index("policy_version"), "policy_version",
                              table["policy_version"].cast(pa.int64()))
-    return table.sort_by("accepted_at")
+    return first_of_each_dispatch(table.sort_by("accepted_at"))
+
+
+def first_of_each_dispatch(table: pa.Table) -> pa.Table:
+    """The rows without the copies a restarted scheduler archived again: the first of each dispatch."""
+    _, first = np.unique(table["dispatch_id"].to_numpy(zero_copy_only=False), return_index=True)
+    return table.take(np.sort(first)) if len(first) < table.num_rows else table
 
 
 def unreadable_archive(fs, files: list[str], exc: Exception) -> str:

@@ -19,6 +19,24 @@ def test_archived_groups_read_back_by_version(tmp_path):
     assert not [p for p in (tmp_path / "archive").rglob("*") if ".tmp-" in p.name]
 
 
+def test_a_group_a_restarted_scheduler_archived_again_is_read_once(tmp_path):
+    """A scheduler killed after its archive took groups and before its snapshot covered them
+    reads them again when restarted, and archives them again (a new writer, new files): the
+    reader keeps each dispatch's first copy, so a report or `prl replay train` counts it once."""
+    groups = make_groups(20)
+    killed = RolloutArchive(str(tmp_path / "archive"))
+    for g in groups[:15]:
+        killed.add(g, 0)
+    killed.flush()  # a timed flush, then kill -9: no snapshot covers groups 10..14
+    restarted = RolloutArchive(str(tmp_path / "archive"))
+    for g in groups[10:]:
+        restarted.add(g, 1)
+    restarted.close()
+    table = read_archive(str(tmp_path / "archive"))
+    assert table["dispatch_id"].to_pylist() == [g.dispatch_id for g in groups]
+    assert table["learner_version"].to_pylist() == [0] * 15 + [1] * 5  # the first copy of each
+
+
 def test_a_write_cut_short_leaves_no_file_the_reader_takes(tmp_path, monkeypatch):
     """A scheduler killed while writing a file (here: the write fails before it is complete)
     leaves the files written before, readable; the cut file is never a .parquet file."""
