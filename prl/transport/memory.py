@@ -1,6 +1,9 @@
 """An in-process broker with Kafka's semantics where the pipeline relies on them:
 keyed partitions, per-partition offsets, consumer groups whose members share
-messages, commits, and readers without a group. Thread-safe; for `prl run` and tests."""
+messages, commits, readers without a group, and retention: a partition keeps its newest
+``retain_bytes`` of messages (Kafka keeps days of them on disk; in memory, a long `prl run`
+would hold every message it ever sent). A cursor behind the oldest message kept goes on from
+it, as Kafka's consumers do. Thread-safe; for `prl run` and tests."""
 
 from __future__ import annotations
 
@@ -12,10 +15,16 @@ from prl.transport.base import Message, Publisher, Reader, Subscriber, Transport
 from prl.schemas.topics import TOPICS
 
 
+RETAIN_BYTES = 128 << 20  # per partition: tens of steps of a GPU run's rollouts, far more than tau_max needs
+
+
 class MemoryBroker:
-    def __init__(self):
+    def __init__(self, retain_bytes: int = RETAIN_BYTES):
         self._cond = threading.Condition()
-        self._logs: dict[str, list[list[Message]]] = {}
+        self.retain_bytes = retain_bytes
+        self._logs: dict[str, list[list[Message]]] = {}  # each partition's messages kept, oldest first
+        self._first: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset of the oldest message kept
+        self._bytes: dict[tuple[str, int], int] = {}  # (topic, partition) -> bytes of the messages kept
         self._handed: dict[tuple[str, str, int], int] = {}  # (group, topic, partition) -> next offset to hand out
         self.committed: dict[tuple[str, str, int], int] = {}
 
@@ -32,12 +41,31 @@ class MemoryBroker:
         with self._cond:
             parts = self.partitions(topic)
             p = zlib.crc32(key) % len(parts) if key else sum(map(len, parts)) % len(parts)
-            parts[p].append(Message(topic, p, len(parts[p]), key, value, list(headers), int(time.time() * 1000)))
+            log = parts[p]
+            log.append(Message(topic, p, self.first(topic, p) + len(log), key, value, list(headers), int(time.time() * 1000)))
+            self._bytes[(topic, p)] = self._bytes.get((topic, p), 0) + len(value)
+            if self._bytes[(topic, p)] > self.retain_bytes:
+                self.trim(topic, p)
             self._cond.notify_all()
+
+    def first(self, topic: str, partition: int) -> int:
+        return self._first.get((topic, partition), 0)
+
+    def trim(self, topic: str, partition: int) -> None:
+        """Drop the oldest messages of a partition down to 3/4 of ``retain_bytes`` (a trim per
+        quarter of it, not per message), keeping the newest one whatever its size."""
+        log, size = self._logs[topic][partition], self._bytes[(topic, partition)]
+        dropped = 0
+        while dropped < len(log) - 1 and size > self.retain_bytes * 3 // 4:
+            size -= len(log[dropped].value)
+            dropped += 1
+        del log[:dropped]
+        self._first[(topic, partition)] = self.first(topic, partition) + dropped
+        self._bytes[(topic, partition)] = size
 
     def end_offsets(self, topic: str) -> list[int]:
         with self._cond:
-            return [len(p) for p in self.partitions(topic)]
+            return [self.first(topic, p) + len(log) for p, log in enumerate(self.partitions(topic))]
 
     def take(self, positions: dict, topics: list[str], group: str | None, max_records: int, timeout_s: float):
         """Messages after ``positions`` (own cursor) or the group's shared cursor."""
@@ -51,8 +79,9 @@ class MemoryBroker:
                         cursors = self._handed if group is not None else positions
                         if group is not None and cursor_key not in cursors:
                             cursors[cursor_key] = self.committed.get(cursor_key, 0)
-                        start = cursors.get(cursor_key, 0)
-                        batch = log[start : start + max_records - len(out)]
+                        start = max(cursors.get(cursor_key, 0), self.first(topic, p))  # trimmed: from the oldest kept
+                        i = start - self.first(topic, p)
+                        batch = log[i : i + max_records - len(out)]
                         cursors[cursor_key] = start + len(batch)
                         out.extend(batch)
                 if out or time.monotonic() >= deadline:
@@ -106,8 +135,9 @@ class MemoryReader(Reader):
         with self.broker._cond:
             for topic, partition, offset in coords:
                 parts = self.broker._logs.get(topic, [])
-                if 0 <= partition < len(parts) and 0 <= offset < len(parts[partition]):
-                    out[(topic, partition, offset)] = parts[partition][offset]
+                i = offset - self.broker.first(topic, partition)
+                if 0 <= partition < len(parts) and 0 <= i < len(parts[partition]):  # not sent, or no longer kept: absent
+                    out[(topic, partition, offset)] = parts[partition][i]
         return out
 
 
