@@ -23,10 +23,10 @@ One row per rollout group. Columns (``policy_version`` comes from the directory 
 A file holds at most ``max_rows`` groups; a partial file is written when ``flush_every_s``
 passes, at every scheduler snapshot (before the rollout offsets are committed, so a killed
 scheduler loses no archived group: it re-reads and re-archives what came after its snapshot,
-which can archive a group twice; the reader keeps the first) and on ``close`` (on shutdown). Each writer start uses its
-own file prefix, so a restarted scheduler never overwrites a file. Each file is written whole
-(on a local disk a temporary file renamed; on object storage one PUT), so a killed scheduler
-leaves no torn file for the readers.
+which can archive a group twice; the reader keeps the first) and on ``close`` (on shutdown).
+Each writer start uses its own file prefix, so a restarted scheduler never overwrites a file.
+Each file is written whole (on a local disk a temporary file renamed; on object storage one
+PUT), so a killed scheduler leaves no torn file for the readers.
 """
 
 from __future__ import annotations
