@@ -21,7 +21,8 @@ other, the one served or that version rebuilt from storage and swapped in for th
 answers go back as an EvalResult (or one saying why it cannot). A producer finishes once it
 serves the learner's last version and no evaluation of it can come any more: at once when
 evaluations are off (``learner.eval_every = 0``), else once no request has come for
-``FINISH_IDLE_S``.
+``FINISH_IDLE_S`` since it loaded that version (the scheduler asks for its evaluation on
+seeing the same announcement) or since the last request.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class Producer(Service):
         self.announced: dict[int, PolicyVersion] = {}  # recent announcements of the run's own versions
         self.base: dict | None = None  # the base model's weights, once an evaluation needs them back
         self.rebuilt: tuple[int, tuple[str, dict]] | None = None  # the last version rebuilt for an evaluation
-        self.last_request_at = time.monotonic()
+        self.last_request_at = self.loaded_at = time.monotonic()  # the last request, the last version loaded
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
         self.maybe_reload(wait_s=CATCH_UP_S)  # the newest policy before the first generation
         self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
@@ -133,7 +134,8 @@ class Producer(Service):
         """The learner's last version is served and its evaluation answered, or none will be asked."""
         if self.backend.version < self.cfg.learner.max_steps:
             return False
-        return not self.cfg.learner.eval_every or time.monotonic() - self.last_request_at > FINISH_IDLE_S
+        quiet_since = max(self.last_request_at, self.loaded_at)
+        return not self.cfg.learner.eval_every or time.monotonic() - quiet_since > FINISH_IDLE_S
 
     def too_big(self, group: RolloutGroup, size: str) -> RolloutGroup:
         """The error group that answers a dispatch whose group is too big for one message."""
@@ -279,6 +281,7 @@ class Producer(Service):
             reason = exc.reason if isinstance(exc, VersionRejected) else "unloadable_version"
             self.reject(msg, reason, f"{type(exc).__name__}: {exc}"[:400])
             return False
+        self.loaded_at = time.monotonic()
         self.count(f"versions_loaded/{record.kind}")
         self.log.info("weights_loaded", policy_version=record.version, kind=record.kind,
                       seconds=round(time.perf_counter() - t0, 3))

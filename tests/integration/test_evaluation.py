@@ -11,7 +11,7 @@ from prl.models import export_state, load_model
 from prl.policy import PolicyWriter
 from prl.producers.service import FINISH_IDLE_S, Producer
 from prl.scheduler.service import Scheduler
-from prl.schemas import EvalRequest, EvalResult, PolicyVersion, decode, encode, headers, topic_name
+from prl.schemas import EvalProblem, EvalRequest, EvalResult, PolicyVersion, decode, encode, headers, topic_name
 from prl.schemas.config import load_config
 from prl.schemas.topics import DEADLETTER, POLICY, PROBLEMS, ROLLOUTS
 from prl.transport.memory import MemoryBroker, MemoryTransport
@@ -167,8 +167,6 @@ def test_a_finished_evaluation_survives_a_scheduler_restart(tmp_path):
 
 
 def test_a_producer_says_it_cannot_answer_with_a_version_it_cannot_rebuild(tmp_path):
-    from prl.schemas import EvalProblem
-
     run = Run(config(tmp_path))
     producer = Producer(run.cfg, run.transport)
     request = EvalRequest("r", 7, [EvalProblem("add1:1+1", "1+1=", "2", 1)], 4)
@@ -215,7 +213,23 @@ def test_a_producer_serving_the_last_version_finishes_once_no_evaluation_can_com
     if eval_every:
         assert producer.step() is False  # the last version's evaluation may still be asked
         producer.last_request_at -= FINISH_IDLE_S
+        producer.loaded_at -= FINISH_IDLE_S
     assert producer.step() is True
+
+
+def test_a_producer_idle_before_the_last_version_waits_for_its_evaluation_from_loading_it(tmp_path):
+    """A producer given nothing for a while (a slow learner: the scheduler's groups wait for
+    batches, so it dispatches nothing) that then loads the last version waits FINISH_IDLE_S from
+    there for that version's evaluation, which the scheduler asks for on seeing the same
+    announcement; it used to finish at once and leave the evaluation unanswered."""
+    run = Run(config(tmp_path, **{"learner.max_steps": 1}))
+    producer = Producer(run.cfg, run.transport)
+    producer.last_request_at -= 2 * FINISH_IDLE_S
+    run.version(1)
+    assert producer.step() is False and producer.backend.version == 1
+    run.inject(PROBLEMS, EvalRequest("last", 1, [EvalProblem("add1:1+1", "1+1=", "2", 1)], 4))
+    assert producer.step() is False
+    assert [r.request_id for r in run.read(ROLLOUTS, EvalResult)] == ["last"]
 
 
 def test_a_scheduler_on_a_new_broker_sends_again_at_once_what_its_snapshot_had_in_flight(tmp_path):
