@@ -2,7 +2,8 @@
 
 A service does one bounded unit of work per ``step()`` (waiting at most ``poll_s`` for
 input) and says whether it is finished; ``run`` repeats that until it is, or until
-``stop`` is set (SIGTERM in a pod, the end of ``prl run``).
+``stop`` is set (SIGTERM in a pod, the end of ``prl run``). Finished, it returns, or (in a pod,
+whose controller restarts what exits) waits for ``stop``, its connections closed.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Service:
     poll_s = 0.5
     reads: tuple[str, ...] = ()  # topic kinds this service consumes
     writes: tuple[str, ...] = ()  # topic kinds it publishes (dead letters aside)
+    ended = False  # finished and waiting to be stopped (run's when_finished="wait"): /health says so
 
     def __init__(self, cfg, transport: Transport, metrics: MetricsSink | None = None):
         self.cfg = cfg
@@ -176,8 +178,10 @@ class Service:
         self.publisher.flush()
         subscriber.commit()
 
-    def run(self, stop: threading.Event | None = None, http: str = "") -> None:
+    def run(self, stop: threading.Event | None = None, http: str = "", when_finished: str = "exit") -> None:
         """Step until finished or ``stop``; serve /health and /metrics on ``http`` (host:port) if given.
+        Finished, return (``when_finished="exit"``) or close the connections and wait for ``stop``
+        (``"wait"``: a pod's controller would restart a container that exits, again and again).
 
         A TransportError (the broker away, a publish not acknowledged) ends the step, and the
         step is tried again after a growing wait: what it published and was not acknowledged is
@@ -189,19 +193,31 @@ class Service:
         stop = stop or threading.Event()
         host, _, port = http.rpartition(":")
         status = StatusServer(self, int(port), host=host.strip("[]"), stall_s=STALL_S) if http else None
-        outage = Outage(self)
         try:
-            while not stop.is_set():
-                try:
-                    done = self.step()
-                except TransportError as exc:
-                    stop.wait(outage.failed(exc))
-                    continue
-                outage.over()
-                self.last_step_at = time.monotonic()
-                if done:
-                    break
+            try:
+                finished = self.loop(stop)
+            finally:
+                self.close()
+            if finished and when_finished == "wait":
+                self.ended = True
+                self.log.info("waiting_to_be_stopped", reason="the run is finished", health="finished")
+                stop.wait()
         finally:
             if status is not None:
                 status.close()
-            self.close()
+
+    def loop(self, stop: threading.Event) -> bool:
+        """Step until a step says finished (True) or ``stop`` is set (False), trying a step that
+        failed on the transport again after a growing wait."""
+        outage = Outage(self)
+        while not stop.is_set():
+            try:
+                done = self.step()
+            except TransportError as exc:
+                stop.wait(outage.failed(exc))
+                continue
+            outage.over()
+            self.last_step_at = time.monotonic()
+            if done:
+                return True
+        return False

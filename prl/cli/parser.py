@@ -96,6 +96,9 @@ def add_services(sub) -> None:
         common(p)
         p.add_argument("--http", metavar="HOST:PORT", type=address,
                        help="serve /health and /metrics there (a pod: 0.0.0.0:8080; default: none)")
+        p.add_argument("--when-finished", choices=("exit", "wait"), default="exit",
+                       help="at the run's end: exit 0, or close the connections and wait for SIGTERM with /health "
+                            "answering 'finished' (a pod, whose controller restarts a container that exits)")
         if name == "producer":
             p.add_argument("--id", help="this producer's name in rollouts, logs and its metrics file "
                                         "(default: host name and process id; a pod's name on Kubernetes)")

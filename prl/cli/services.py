@@ -1,5 +1,6 @@
 """`prl scheduler|producer|learner`: one service over Kafka (a deployment, or services started
-by hand on one machine), until SIGTERM (the current step finishes) or until it cannot go on
+by hand on one machine), until the run is finished (exit 0, or with --when-finished wait, as in
+a pod, wait for SIGTERM), until SIGTERM (the current step finishes) or until it cannot go on
 (one line, exit 2: prl/cli/__init__.py). Each writes its metrics to
 <run_dir>/metrics-<service>.jsonl (a producer's file is named after its id)."""
 
@@ -40,7 +41,7 @@ def command(args, cfg) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        service.run(stop, http=args.http or "")
+        service.run(stop, http=args.http or "", when_finished=args.when_finished)
     finally:
         metrics.close()
     return 0

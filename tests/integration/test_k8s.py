@@ -113,6 +113,16 @@ def test_probes_point_at_the_port_services_listen_on(overlay, tmp_path):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_wait_when_their_run_is_finished(overlay, tmp_path):
+    """Deployments and StatefulSets restart a container that exits, even with 0: in back-off,
+    each restart loading its model again, the finished run shown as CrashLoopBackOff."""
+    _, docs = build(overlay, tmp_path)
+    for w in workloads(docs):
+        args = w["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--when-finished") + 1] == "wait", w["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_workloads_are_locked_down_and_sized(overlay, tmp_path):
     _, docs = build(overlay, tmp_path)
     kinds = {w["metadata"]["name"]: w for w in workloads(docs)}

@@ -354,6 +354,39 @@ def test_health_and_metrics_endpoints(tmp_path):
         server.close()
 
 
+def test_a_learner_told_to_wait_when_finished_waits_for_sigterm_and_exits_0(tmp_path):
+    """`prl learner --when-finished wait` (the k8s manifests' args), its run over (here: a batch
+    file read to its end), answers /health "finished" until SIGTERM, then exits 0."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from prl.learner.sources import write_batches
+    from tests.support.servers import free_port
+
+    write_batches(str(tmp_path / "batches.arrow"), [])
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "prl.cli", "learner", "--set", f"run.run_dir={str(tmp_path / 'run')!r}",
+                             "--batches-from", str(tmp_path / "batches.arrow"), "--http", f"127.0.0.1:{port}",
+                             "--when-finished", "wait"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def health():
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        try:
+            return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read())["status"]
+        except OSError:  # not listening yet
+            return None
+
+    try:
+        wait_until(lambda: health() == "finished", 120, "the learner to finish and wait", 0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    assert "waiting_to_be_stopped" in proc.communicate()[0]
+
+
 def test_learner_dead_letters_a_batch_with_out_of_vocabulary_tokens(tmp_path):
     from prl.learner.service import Learner
     from prl.schemas import TrainBatch, TrainRollout, encode

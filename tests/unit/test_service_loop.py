@@ -38,3 +38,47 @@ def test_an_outage_is_retried_said_once_when_it_stalls_and_its_end_is_logged(mon
     assert events == ["transport_stalled"] + ["transport_error"] * 5 + ["transport_recovered"]
     assert [e["retry_in_s"] for e in logs[1:6]] == [0.002, 0.004, 0.004, 0.004, 0.004]  # doubling, capped
     assert "bootstrap_servers" in logs[0]["fix"] and "ECONNREFUSED" in logs[0]["error"]
+
+
+def get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_finished_service_told_to_wait_closes_its_connections_and_answers_health_until_stopped():
+    """A pod's controller restarts a container that exits, even with 0: `--when-finished wait`
+    keeps the finished service up, its connections closed, /health 200 "finished" (no
+    liveness restart however long it waits) and /metrics prl_<service>_finished 1, until stopped."""
+    import json
+    import threading
+
+    from tests.support.servers import free_port, wait_until
+
+    svc, stop, port = Flaky(failures=0), threading.Event(), free_port()
+    closed = threading.Event()
+    svc.close = closed.set
+    runner = threading.Thread(target=svc.run, args=(stop, f"127.0.0.1:{port}", "wait"))
+    runner.start()
+    try:
+        wait_until(lambda: svc.ended, 10, "the service to wait after finishing")
+        svc.last_step_at -= 10 * service.STALL_S  # waiting this long is not a stall
+        code, body = get(f"http://127.0.0.1:{port}/health")
+        assert code == 200 and json.loads(body)["status"] == "finished"
+        assert "prl_flaky_finished 1" in get(f"http://127.0.0.1:{port}/metrics")[1]
+        assert closed.is_set() and runner.is_alive() and svc.steps == 1
+    finally:
+        stop.set()
+        runner.join(10)
+    assert not runner.is_alive()
+
+
+def test_a_finished_service_returns_by_default():
+    svc = Flaky(failures=0)
+    svc.run()
+    assert svc.steps == 1 and not svc.ended
