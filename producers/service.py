@@ -20,9 +20,8 @@ EvalRequests come on the same topic: each is answered greedily by the version it
 other, the one served or that version rebuilt from storage and swapped in for the call, and the
 answers go back as an EvalResult (or one saying why it cannot). A producer finishes once it
 serves the learner's last version and no evaluation of it can come any more: at once when
-evaluations are off (``learner.eval_every = 0``), else once no request has come for
-``FINISH_IDLE_S`` since it loaded that version (the scheduler asks for its evaluation on
-seeing the same announcement) or since the last request.
+evaluations are off (``learner.eval_every = 0``), else once the scheduler has declared the run
+finished (prl/ending.py), which it does when that version's evaluation is answered.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from functools import partial
 
 from prl import epochs
 from prl.devices import choose_device
+from prl.ending import finished_version
 from prl.environments import Guard, environment_class
 from prl.episodes import close_episodes, run_episodes, start_episodes
 from prl.formulas import has_signal
@@ -51,7 +51,7 @@ from prl.schemas.topics import POLICY, PROBLEMS, ROLLOUTS
 
 CATCH_UP_S = 30.0  # at start, read the policy topic to its end (at most this long) before generating
 LINGER_S = 0.05  # after the first dispatch arrives, wait this long for more to fill the generation call
-FINISH_IDLE_S = 10.0  # at the last version, serve on until no request has come for this long (the last evaluation)
+END_CHECK_S = 2.0  # at the last version, look this often whether the scheduler has declared the run finished
 ANNOUNCED_KEPT = 8  # recent announcements remembered, to rebuild a version an evaluation names
 
 
@@ -98,7 +98,7 @@ class Producer(Service):
         self.announced: dict[int, PolicyVersion] = {}  # recent announcements of the run's own versions
         self.base: dict | None = None  # the base model's weights, once an evaluation needs them back
         self.rebuilt: tuple[int, tuple[str, dict]] | None = None  # the last version rebuilt for an evaluation
-        self.last_request_at = self.loaded_at = time.monotonic()  # the last request, the last version loaded
+        self.end_checked_at = -END_CHECK_S  # when finished.json was last looked for
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
         self.maybe_reload(wait_s=CATCH_UP_S)  # the newest policy before the first generation
         self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
@@ -112,8 +112,6 @@ class Producer(Service):
             return True  # the last policy is served and its evaluation answered: nothing more to do
         msgs = self.poll_dispatches()
         records = [r for r in (self.decode_or_dead_letter(m, (Dispatch, EvalRequest)) for m in msgs) if r is not None]
-        if msgs:
-            self.last_request_at = time.monotonic()
         for request in (r for r in records if isinstance(r, EvalRequest)):
             self.send(ROLLOUTS, self.evaluate(request), key=request.request_id.encode())
         dispatches = [r for r in records if isinstance(r, Dispatch)]
@@ -131,11 +129,17 @@ class Producer(Service):
         return False
 
     def finished(self) -> bool:
-        """The learner's last version is served and its evaluation answered, or none will be asked."""
-        if self.backend.version < self.cfg.learner.max_steps:
+        """The learner's last version is served and no evaluation of it will be asked: none are
+        (evaluations off), or the scheduler has declared the run finished (looked for every
+        END_CHECK_S)."""
+        if self.backend.version < (last := self.cfg.learner.max_steps):
             return False
-        quiet_since = max(self.last_request_at, self.loaded_at)
-        return not self.cfg.learner.eval_every or time.monotonic() - quiet_since > FINISH_IDLE_S
+        if not self.cfg.learner.eval_every:
+            return True
+        if time.monotonic() - self.end_checked_at < END_CHECK_S:
+            return False
+        self.end_checked_at = time.monotonic()
+        return finished_version(self.cfg.run.run_dir) >= last
 
     def too_big(self, group: RolloutGroup, size: str) -> RolloutGroup:
         """The error group that answers a dispatch whose group is too big for one message."""
@@ -281,7 +285,6 @@ class Producer(Service):
             reason = exc.reason if isinstance(exc, VersionRejected) else "unloadable_version"
             self.reject(msg, reason, f"{type(exc).__name__}: {exc}"[:400])
             return False
-        self.loaded_at = time.monotonic()
         self.count(f"versions_loaded/{record.kind}")
         self.log.info("weights_loaded", policy_version=record.version, kind=record.kind,
                       seconds=round(time.perf_counter() - t0, 3))

@@ -16,7 +16,8 @@ Loop, top to bottom:
 
 Beside training, the scheduler has the fleet evaluate the held-out set at the versions due
 (scheduler/evaluation.py); once the learner has taken its last step, the scheduler waits for
-that version's evaluation, snapshots and finishes.
+that version's evaluation, snapshots, declares the run finished (prl/ending.py: the producers
+that wait to answer evaluations stop) and finishes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prl import epochs
+from prl.ending import declare_finished
 from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
 from prl.trust import version_problem
@@ -160,6 +162,7 @@ class Scheduler(Service):
             if self.evaluator.running():
                 return False
         self.snapshot()
+        declare_finished(self.cfg.run.run_dir, self.learner_version)  # the producers waiting for evaluations stop
         self.log.info("learner_finished", learner_version=self.learner_version)
         return True
 

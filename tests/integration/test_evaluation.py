@@ -9,7 +9,8 @@ import torch
 
 from prl.models import export_state, load_model
 from prl.policy import PolicyWriter
-from prl.producers.service import FINISH_IDLE_S, Producer
+from prl.ending import declare_finished, finished_version
+from prl.producers.service import END_CHECK_S, Producer
 from prl.scheduler.service import Scheduler
 from prl.schemas import EvalProblem, EvalRequest, EvalResult, PolicyVersion, decode, encode, headers, topic_name
 from prl.schemas.config import load_config
@@ -183,7 +184,8 @@ def answer(run, request, error=""):
 
 def test_a_finishing_scheduler_waits_for_every_evaluation_asked_not_only_the_last(tmp_path):
     """Version 2's evaluation is refused once and sent again, behind the last version's: the
-    scheduler finishes (and `prl run` stops it) only once version 2 is answered too."""
+    scheduler finishes (and `prl run` stops it) only once version 2 is answered too, and only
+    then declares the run finished (the producers stop answering)."""
     run = Run(config(tmp_path))
     scheduler = Scheduler(run.cfg, run.transport)
     scheduler.top_up = lambda: None  # evaluations only
@@ -196,40 +198,48 @@ def test_a_finishing_scheduler_waits_for_every_evaluation_asked_not_only_the_las
     assert scheduler.step() is False and scheduler.evaluator.settled(0, started=True)
     again = [r for r in run.read(PROBLEMS, EvalRequest) if r.request_id not in {q.request_id for q in first.values()}]
     assert [(r.version, r.attempt) for r in again] == [(2, 1)]
+    assert finished_version(run.cfg.run.run_dir) == -1
     answer(run, again[0])
     assert scheduler.step() is True
     assert [e.version for e in scheduler.evaluator.done()] == [0, 2]
+    assert finished_version(run.cfg.run.run_dir) == 0
 
 
 @pytest.mark.parametrize("eval_every", [0, 10])
 def test_a_producer_serving_the_last_version_finishes_once_no_evaluation_can_come(tmp_path, eval_every):
     """With evaluations off, nothing more can be asked of a producer that serves the learner's
-    last version: it finishes at its next step (a run of processes ends with its scheduler, not
-    FINISH_IDLE_S later). With them on, it serves on until no request has come for that long."""
+    last version: it finishes at its next step (a run of processes ends with its scheduler). With
+    them on, it serves on until the scheduler declares the run finished."""
     run = Run(config(tmp_path, **{"learner.eval_every": eval_every, "learner.max_steps": 1}))
     run.version(1)
     producer = Producer(run.cfg, run.transport)
     assert producer.backend.version == 1
     if eval_every:
         assert producer.step() is False  # the last version's evaluation may still be asked
-        producer.last_request_at -= FINISH_IDLE_S
-        producer.loaded_at -= FINISH_IDLE_S
+        declare_finished(run.cfg.run.run_dir, 1)
+        producer.end_checked_at -= END_CHECK_S
     assert producer.step() is True
 
 
-def test_a_producer_idle_before_the_last_version_waits_for_its_evaluation_from_loading_it(tmp_path):
-    """A producer given nothing for a while (a slow learner: the scheduler's groups wait for
-    batches, so it dispatches nothing) that then loads the last version waits FINISH_IDLE_S from
-    there for that version's evaluation, which the scheduler asks for on seeing the same
-    announcement; it used to finish at once and leave the evaluation unanswered."""
+def test_a_producer_at_the_last_version_answers_an_evaluation_however_late_it_comes(tmp_path):
+    """The scheduler asks for the last version's evaluation when it sees the announcement, which
+    can be long after the producers did (a scheduler restarted at the end restores first): a
+    producer serving that version answers until the scheduler declares the run finished (it used
+    to stop 10 s after loading it, the evaluation then never answered), and not at a finish
+    declared at an earlier version (a run continued with a higher learner.max_steps)."""
     run = Run(config(tmp_path, **{"learner.max_steps": 1}))
+    declare_finished(run.cfg.run.run_dir, 0)
     producer = Producer(run.cfg, run.transport)
-    producer.last_request_at -= 2 * FINISH_IDLE_S
     run.version(1)
-    assert producer.step() is False and producer.backend.version == 1
+    for _ in range(3):
+        producer.end_checked_at -= 1000.0  # however long it has served this version
+        assert producer.step() is False and producer.backend.version == 1
     run.inject(PROBLEMS, EvalRequest("last", 1, [EvalProblem("add1:1+1", "1+1=", "2", 1)], 4))
     assert producer.step() is False
     assert [r.request_id for r in run.read(ROLLOUTS, EvalResult)] == ["last"]
+    declare_finished(run.cfg.run.run_dir, 1)
+    producer.end_checked_at -= END_CHECK_S
+    assert producer.step() is True
 
 
 def test_a_scheduler_on_a_new_broker_sends_again_at_once_what_its_snapshot_had_in_flight(tmp_path):
