@@ -20,7 +20,7 @@ NAME = "finished.json"
 def declare_finished(run_dir: str, learner_version: int) -> None:
     """Say that the run finished at ``learner_version`` (a continued run declares again, later)."""
     fs, path = fsspec.core.url_to_fs(f"{run_dir.rstrip('/')}/{NAME}")
-    fs.makedirs(fs._parent(path), exist_ok=True)
+    fs.makedirs(path.rpartition("/")[0], exist_ok=True)
     replace_file(fs, path, json.dumps({"learner_version": learner_version, "finished_at": time.time()}).encode())
 
 

@@ -1,8 +1,9 @@
 """/health and /metrics over HTTP for probes and Prometheus, one small server per service.
 
 /health answers 200 while the service loop keeps stepping (503 once it has not stepped
-for ``stall_s``), and 200 with status "finished" once it waits to be stopped after its run; /metrics is the Prometheus text format of the service's counters and
-gauges (``finished`` 1 once it waits), names ``prl_<service>_<key>``.
+for ``stall_s``), and 200 with status "finished" once it waits to be stopped after its run;
+/metrics is the Prometheus text format of the service's counters and gauges (``finished`` 1
+once it waits), names ``prl_<service>_<key>``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class StatusServer:
                     body = json.dumps({"status": state, "service": svc.name, "seconds_since_step": round(age, 3)}).encode()
                     self._send(200 if ok else 503, "application/json", body)
                 elif self.path == "/metrics":
-                    self._send(200, "text/plain; version=0.0.4", prometheus_text(svc.name, {**svc.gauges(), "finished": int(svc.ended)}).encode())
+                    text = prometheus_text(svc.name, {**svc.gauges(), "finished": int(svc.ended)})
+                    self._send(200, "text/plain; version=0.0.4", text.encode())
                 else:
                     self._send(404, "text/plain", b"not found\n")
 

@@ -98,7 +98,7 @@ class Producer(Service):
         self.announced: dict[int, PolicyVersion] = {}  # recent announcements of the run's own versions
         self.base: dict | None = None  # the base model's weights, once an evaluation needs them back
         self.rebuilt: tuple[int, tuple[str, dict]] | None = None  # the last version rebuilt for an evaluation
-        self.end_checked_at = -END_CHECK_S  # when finished.json was last looked for
+        self.end_checked_at = float("-inf")  # when finished.json was last looked for
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
         self.maybe_reload(wait_s=CATCH_UP_S)  # the newest policy before the first generation
         self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
