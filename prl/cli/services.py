@@ -10,6 +10,7 @@ import signal
 import threading
 
 from prl.devices import limit_heap_fragmentation
+from prl.service import Service
 
 
 def command(args, cfg) -> int:
@@ -47,7 +48,27 @@ def command(args, cfg) -> int:
     return 0
 
 
-def make_service(name: str, cfg, transport, metrics, args):
+class Finished(Service):
+    """What a service started on a run its scheduler has declared finished at
+    ``learner.max_steps`` runs instead: no model, snapshot or checkpoint loaded (a producer's
+    engine takes minutes on a GPU); it finishes at its first step."""
+
+    def __init__(self, name: str, cfg, transport, metrics):
+        self.name = name
+        super().__init__(cfg, transport, metrics)
+
+    def step(self) -> bool:
+        return True
+
+
+def make_service(name: str, cfg, transport, metrics, args) -> Service:
+    from prl.ending import finished_version
+
+    if (done := finished_version(cfg.run.run_dir)) >= cfg.learner.max_steps:
+        service = Finished(name, cfg, transport, metrics)
+        service.log.info("run_already_finished", learner_version=done,
+                         fix="raise learner.max_steps to train on; each service continues from its checkpoint or snapshot")
+        return service
     if name == "scheduler":
         from prl.scheduler.service import Scheduler
 

@@ -56,6 +56,23 @@ def test_services_over_kafka(kafka_broker, run_name, tmp_path):
     assert [p.rsplit("/", 1)[1] for p in pngs] == ["learning_curve.png", "run_report.png"]
     for png in pngs:
         assert fsspec.open(png, "rb").open().read(8) == b"\x89PNG\r\n\x1a\n"
+    assert_started_again_they_finish_at_once(config, tmp_path / "again")
+
+
+def assert_started_again_they_finish_at_once(config, log_dir):
+    """A service started on a run its scheduler declared finished (a pod rescheduled, a producer
+    scaled up at the end) loads nothing and finishes at its first step, saying so."""
+    log_dir.mkdir()
+    procs = {name: start(name, config, log_dir) for name in ("scheduler", "producer", "learner")}
+    try:
+        wait_until(lambda: all(p.proc.poll() is not None for p in procs.values()), 60, "every service to finish again", 0.5)
+    finally:
+        for p in procs.values():
+            p.stop()
+    for name, p in procs.items():
+        text = p.log_path.read_text()
+        events = [json.loads(line)["event"] for line in text.splitlines() if line.startswith("{")]
+        assert p.proc.returncode == 0 and events == ["run_already_finished"], f"{name}:\n{text[-2000:]}"
 
 
 def assert_checkpoints(run_dir, last_step: int) -> None:
