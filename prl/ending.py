@@ -25,11 +25,12 @@ def declare_finished(run_dir: str, learner_version: int) -> None:
 
 
 def finished_version(run_dir: str) -> int:
-    """The learner version the run was declared finished at; -1 if it was not (or the file is
-    not one this module wrote)."""
+    """The learner version the run was declared finished at; -1 if it was not, or cannot be
+    read now (storage unreachable: the caller asks again later), or the file is not one this
+    module wrote."""
     fs, path = fsspec.core.url_to_fs(f"{run_dir.rstrip('/')}/{NAME}")
     try:
         version = json.loads(fs.cat_file(path)).get("learner_version")
-    except (FileNotFoundError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         return -1
     return version if isinstance(version, int) else -1
