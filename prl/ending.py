@@ -33,4 +33,4 @@ def finished_version(run_dir: str) -> int:
         version = json.loads(fs.cat_file(path)).get("learner_version")
     except (OSError, ValueError, AttributeError):
         return -1
-    return version if isinstance(version, int) else -1
+    return version if type(version) is int else -1  # not a bool
