@@ -2,7 +2,8 @@
 learner version the run finished at, written once that version's evaluation is answered (or
 given up) and the scheduler's last snapshot is taken. Producers serving the learner's last
 version answer evaluation requests until it is there, however late a request comes (a
-scheduler restarted at the end asks again); nothing else reads it.
+scheduler restarted at the end asks again); a service started after it loads nothing and
+finishes at once (prl/cli/services.py).
 """
 
 from __future__ import annotations
