@@ -6,11 +6,13 @@ PPO clip range are settings (``learner.lr``, ``learner.clip_low``, ``learner.cli
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from prl.devices import autocast, module_device
 from prl.learner.grpo import grpo_loss
@@ -86,21 +88,73 @@ def pack(rollouts: list[TrainRollout], pad_id: int = 0) -> PackedBatch:
     )
 
 
+# The output layer turns each completion position into logits over the vocabulary: [B, C, V]
+# float32 tensors, several alive at once in a step, were most of a long micro-batch's memory
+# (`prl bench memory --learner`). So it computes log-probs itself, LOGIT_BLOCK logits at a time,
+# each block's logits recomputed in backward instead of kept.
+LOGIT_BLOCK = 1 << 27  # 134M logits, 512 MiB in float32: 883 positions of a 152k-token vocabulary
+# Model types whose causal-LM forward returns its output layer's logits as they are (no
+# soft-cap or scale after it: Gemma and Cohere have one), so that layer may return log-probs
+# instead; other models take their whole logits (tests/unit/test_logprob_blocks.py checks each).
+HEAD_IS_LOGITS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
 def token_logprobs(model, batch: PackedBatch) -> torch.Tensor:
     """log pi_theta of every completion token at the sampling temperature, [B, C].
 
-    Logits are computed for the C completion positions only (the position before each
-    completion token predicts it), and log p(token) = logit - logsumexp(logits), without
-    materialising a log-softmax over the vocabulary."""
+    Only the C positions before completion tokens go through the output layer (each predicts
+    the token after it), a block at a time (LOGIT_BLOCK) where the model allows it."""
     C = batch.targets.shape[1]
+    if getattr(model.config, "model_type", None) not in HEAD_IS_LOGITS:
+        logits = forward(model, batch, C + 1).logits[:, :-1]
+        return chosen_logprobs(logits, batch.targets, batch.temperature)
+    with head_returns_logprobs(model.get_output_embeddings(), batch.targets, batch.temperature):
+        return forward(model, batch, C + 1).logits
+
+
+def forward(model, batch: PackedBatch, keep: int):
+    """The model on the batch, through the output layer at the last ``keep`` positions only."""
     if not batch.left_padded:  # the causal mask alone is exact (right padding comes after every real token),
-        out = model(input_ids=batch.input_ids, logits_to_keep=C + 1)  # and attention takes its fused kernels
-    else:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                    logits_to_keep=C + 1)
-    logits = out.logits[:, -(C + 1) : -1].float() / batch.temperature
-    chosen = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, -1)
+        return model(input_ids=batch.input_ids, logits_to_keep=keep)  # and attention takes its fused kernels
+    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                 logits_to_keep=keep)
+
+
+def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) at ``targets``, as logit - logsumexp(logits) in float32
+    (no log-softmax over the vocabulary materialised)."""
+    logits = logits.float()
+    logits = logits / temperature if temperature != 1.0 else logits
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+@contextlib.contextmanager
+def head_returns_logprobs(head, targets: torch.Tensor, temperature: float):
+    """Within it, the output layer ``head`` maps its input [B, C + 1, H] to the log-probs of
+    ``targets`` [B, C], in blocks; the model's forward (and FSDP's hooks on it) run unchanged."""
+    own = head.__dict__.get("forward")  # an instance's own forward (accelerate sets one), or None
+    linear = head.forward
+    head.forward = lambda hidden: blocked_logprobs(linear, hidden[:, :-1], targets, temperature, head.weight.shape[0])
+    try:
+        yield
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+
+
+def blocked_logprobs(linear, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, vocab: int) -> torch.Tensor:
+    """``chosen_logprobs(linear(hidden), targets, temperature)``, LOGIT_BLOCK logits at a time:
+    with more than one block, each is checkpointed, so backward recomputes its logits."""
+    positions = max(1, LOGIT_BLOCK // vocab)
+    if targets.numel() <= positions:
+        return chosen_logprobs(linear(hidden), targets, temperature)
+    flat, wanted = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    blocks = [checkpoint(lambda h, t: chosen_logprobs(linear(h), t, temperature), flat[i : i + positions],
+                         wanted[i : i + positions], use_reentrant=False, preserve_rng_state=False)
+              for i in range(0, len(flat), positions)]
+    return torch.cat(blocks).view_as(targets).clone()  # not a view: FSDP hooks the model's output, and warns of views
 
 
 def plan_micro_batches(rollouts: list[TrainRollout], max_tokens: int, world: int = 1) -> list[list[list[TrainRollout]]]:
