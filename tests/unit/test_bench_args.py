@@ -18,6 +18,7 @@ from prl.cli import main
     (["real", "--long-tokens", "-1"], "argument --long-tokens: '-1' is not a whole number >= 0"),
     (["real", "--first-seed", "-1"], "argument --first-seed: '-1' is not a whole number >= 0"),
     (["memory", "--prompts", "0"], "argument --prompts: '0' is not a whole number >= 1"),
+    (["memory", "--learner", "--completion-tokens", "0"], "argument --completion-tokens: '0' is not a whole number >= 1"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_wrong_benchmark_argument_is_one_line(capsys, argv, line):
     with pytest.raises(SystemExit) as exit_:
@@ -39,6 +40,21 @@ def test_the_memory_benchmark_sets_both_ways_side_by_side_and_they_generate_the_
     stored = json.loads((tmp_path / "m.json").read_text())
     assert stored["same_first_completion"] is True
     assert all(stored[way]["peak_mb"] >= stored[way]["model_loaded_mb"] > 0 for way in ("per_step", "stacked"))
+
+
+@pytest.mark.slow
+def test_the_memory_benchmark_of_a_learner_step_trains_the_same_both_ways(tmp_path, capsys):
+    """`prl bench memory --learner`: the step in blocks and on the whole logits, each in its own
+    process, with the same loss and gradient norm (blocks change memory, not the update)."""
+    import json
+
+    argv = ["bench", "memory", "--learner", "--rollouts", "3", "--completion-tokens", "20", "--json", str(tmp_path / "m.json")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "blocks (now)" in out and "whole (before)" in out and "the same both ways: True" in out
+    stored = json.loads((tmp_path / "m.json").read_text())
+    assert stored["same_loss_and_grad_norm"] is True
+    assert all(stored[way]["peak_mb"] >= stored[way]["before_step_mb"] > 0 for way in ("blocks", "whole"))
 
 
 def test_the_learning_benchmark_sets_each_strategy_beside_its_baselines(capsys, tmp_path):
