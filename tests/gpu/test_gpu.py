@@ -1,5 +1,6 @@
-"""On a CUDA GPU: the learner's step gives the CPU's loss, FSDP2 runs under torchrun, the
-transformers producer's behaviour log-probs match the learner's, and `prl run` learns.
+"""On a CUDA GPU: the learner's step gives the CPU's loss, its log-probs in blocks give the
+whole logits', FSDP2 runs under torchrun, the transformers producer's behaviour log-probs match
+the learner's, and `prl run` learns.
 
 Collected everywhere, skipped where torch sees no GPU (tests/conftest.py); tools/gpu_check.sh
 runs them on a GPU machine. Figures worth reading (the log-prob gap, the held-out gain) are
@@ -60,6 +61,25 @@ def run_learner(tmp_path, run_dir, torchrun: bool) -> dict[int, float]:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics-learner.jsonl").read_text().splitlines()]
     return {r["step"]: r["learner/loss"] for r in rows if "learner/loss" in r}
+
+
+def test_log_probs_in_blocks_on_the_gpu_give_the_whole_logits(monkeypatch, record_property):
+    """Under bf16 autocast, as the GPU learner computes: checkpointed blocks of the output layer
+    against its whole logits, in value and in gradient."""
+    import prl.learner.train as train
+    from tests.unit.test_logprob_blocks import VOCAB, batch, tiny_model, value_and_grads, whole_logits
+
+    model, b = tiny_model("qwen3").to(CUDA), batch().to(CUDA)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        expected, expected_grads = value_and_grads(whole_logits, model, b)
+        monkeypatch.setattr(train, "LOGIT_BLOCK", 5 * VOCAB)
+        got, grads = value_and_grads(train.token_logprobs, model, b)
+    gap = ((got - expected) * b.mask).abs().max().item()
+    record_property("blocks_logprob_max_abs_gap", gap)
+    assert gap < 1e-5
+    # the output layer's weight gradient is a bf16 product per block, summed in float32: within
+    # a bf16 rounding or two (2^-8 each) of the whole product's
+    assert all((grads[n] - g).abs().max() <= 1e-2 * g.abs().max() for n, g in expected_grads.items())
 
 
 def test_fsdp2_under_torchrun_on_one_gpu_trains_as_one_process(tmp_path):
