@@ -68,6 +68,7 @@ class Learner(Service):
         self.dist = distributed.setup(self.device)
         self.is_main = self.dist is None or self.dist.is_main
         super().__init__(cfg, transport, metrics if self.is_main else None)
+        self.answers_http = self.is_main  # the ranks of a pod share its port; one that stalls stalls rank 0 with it
         import torch
 
         if self.device.type == "cuda":

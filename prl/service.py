@@ -75,6 +75,7 @@ class Service:
     reads: tuple[str, ...] = ()  # topic kinds this service consumes
     writes: tuple[str, ...] = ()  # topic kinds it publishes (dead letters aside)
     ended = False  # finished and waiting to be stopped (run's when_finished="wait"): /health says so
+    answers_http = True  # serves run's /health and /metrics (under torchrun, the learner's rank 0 alone)
 
     def __init__(self, cfg, transport: Transport, metrics: MetricsSink | None = None):
         self.cfg = cfg
@@ -192,7 +193,10 @@ class Service:
 
         stop = stop or threading.Event()
         host, _, port = http.rpartition(":")
-        status = StatusServer(self, int(port), host=host.strip("[]"), stall_s=STALL_S) if http else None
+        try:
+            status = StatusServer(self, int(port), host=host.strip("[]"), stall_s=STALL_S) if http and self.answers_http else None
+        except OSError as exc:  # the port taken, or an address this host does not have
+            raise ServiceStopped(f"--http {http}: {exc.strerror or exc}; give a free port on an address of this host") from None
         try:
             try:
                 finished = self.loop(stop)

@@ -1,7 +1,9 @@
 """The learner under torchrun with 2 CPU ranks (gloo, FSDP2) against one process, on the
-same batches: losses and updated weights agree, and a 2-rank checkpoint resumes on 1 rank."""
+same batches: losses and updated weights agree, and a 2-rank checkpoint resumes on 1 rank;
+with --http, rank 0 alone serves it."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -21,7 +23,7 @@ def make_batches(path):
     write_batches(str(path), batches)
 
 
-def run_learner(tmp_path, run_dir, world, max_steps):
+def learner_command(tmp_path, run_dir, world, max_steps, *extra):
     config = tmp_path / "learner.toml"
     config.write_text(f"""
 [run]
@@ -37,12 +39,14 @@ checkpoint_every = 1
 micro_batch_tokens = 64
 max_steps = {max_steps}
 """)
-    args = ["-m", "prl.cli", "learner", "--config", str(config), "--batches-from", str(tmp_path / "batches.arrow")]
+    args = ["-m", "prl.cli", "learner", "--config", str(config), "--batches-from", str(tmp_path / "batches.arrow"), *extra]
     if world == 1:
-        cmd = [sys.executable, *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        return [sys.executable, *args]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone", *args]
+
+
+def run_learner(tmp_path, run_dir, world, max_steps):
+    out = subprocess.run(learner_command(tmp_path, run_dir, world, max_steps), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stderr
 
@@ -81,3 +85,29 @@ def test_two_ranks_match_one_process_and_resume_on_one(tmp_path):
     run_learner(tmp_path, resumed, 1, 3)
     assert losses(resumed)[3] == pytest.approx(a[3], rel=1e-5, abs=1e-7)
     assert_close(weights(single, 3), weights(resumed, 3))
+
+
+def test_two_ranks_in_one_pod_answer_health_on_one_port(tmp_path):
+    """The ranks of a pod share its network: rank 0 alone serves --http (rank 1 binding the
+    same port took the job down), and answers for the learner until it is stopped."""
+    import signal
+
+    from tests.support.servers import free_port, wait_until
+    from tests.unit.test_service_loop import get
+
+    make_batches(tmp_path / "batches.arrow")
+    port = free_port()
+    cmd = learner_command(tmp_path, tmp_path / "run", 2, 3, "--http", f"127.0.0.1:{port}", "--when-finished", "wait")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        def finished():
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            try:
+                return json.loads(get(f"http://127.0.0.1:{port}/health")[1])["status"] == "finished"
+            except OSError:
+                return False
+        wait_until(finished, 240, "the 2-rank learner's /health to say finished")
+        assert losses(tmp_path / "run").keys() == {1, 2, 3}
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)

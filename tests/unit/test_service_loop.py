@@ -82,3 +82,18 @@ def test_a_finished_service_returns_by_default():
     svc = Flaky(failures=0)
     svc.run()
     assert svc.steps == 1 and not svc.ended
+
+
+def test_a_taken_http_port_stops_the_service_with_one_line_before_any_step():
+    import socket
+
+    import pytest
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port, svc = taken.getsockname()[1], Flaky(failures=0)
+        with pytest.raises(service.ServiceStopped) as stopped:
+            svc.run(http=f"127.0.0.1:{port}")
+    assert svc.steps == 0
+    assert str(stopped.value) == f"--http 127.0.0.1:{port}: Address already in use; give a free port on an address of this host"
