@@ -65,8 +65,11 @@ def flat_weights(tensors: dict, names: list[str], dtype: str):
     import torch
 
     dt = getattr(torch, dtype)
-    parts = [tensors[n].detach().to(dt).reshape(-1) for n in names]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=dt)
+    sizes = [tensors[n].numel() for n in names]
+    flat = torch.empty(sum(sizes), dtype=dt, device=tensors[names[0]].device if names else "cpu")
+    for name, part in zip(names, flat.split(sizes)):  # cast into place: no second copy of the model alive
+        part.copy_(tensors[name].detach().reshape(-1))
+    return flat
 
 
 def host_bits(flat) -> np.ndarray:
@@ -145,12 +148,14 @@ class PolicyWriter:
         after); copy it to the host, encode and write it as ``version`` on the writer's thread.
         The future's result is the Published."""
         spec = [[n, list(tensors[n].shape)] for n in tensors]
-        flat = flat_weights(tensors, list(tensors), self.dtype)
-        return self.worker.submit(self.write, version, flat, spec, adapter, last_batch_seq)
+        snapshot = [flat_weights(tensors, list(tensors), self.dtype)]  # the writer empties it
+        return self.worker.submit(self.write, version, snapshot, spec, adapter, last_batch_seq)
 
-    def write(self, version: int, flat, spec: list, adapter: bool, last_batch_seq: int) -> Published:
+    def write(self, version: int, snapshot: list, spec: list, adapter: bool, last_batch_seq: int) -> Published:
+        """Write the weights in ``snapshot`` (a list of one flat tensor, emptied as soon as they
+        are on the host: a GPU snapshot is not held while the version is encoded and written)."""
         t0 = time.perf_counter()
-        bits = host_bits(flat)  # a GPU snapshot comes to the host here, off the training thread
+        bits = host_bits(snapshot.pop())  # a GPU snapshot comes to the host here, off the training thread
         meta = {"version": version, "dtype": self.dtype, "tensors": spec, "checksum": weights_checksum(bits),
                 "last_batch_seq": last_batch_seq}
         if adapter:

@@ -738,7 +738,7 @@ def test_a_learner_faster_than_its_writer_waits_rather_than_hold_more_unwritten_
 
     def publish_async(version, tensors, adapter, last_seq):  # the snapshot now, the writing when waited on
         spec, flat = [[n, list(t.shape)] for n, t in tensors.items()], flat_weights(tensors, list(tensors), writer.dtype)
-        return WrittenWhenWaitedOn(lambda: writer.write(version, flat, spec, adapter, last_seq))
+        return WrittenWhenWaitedOn(lambda: writer.write(version, [flat], spec, adapter, last_seq))
 
     writer.publish_async = publish_async
     while learner.version < 6:

@@ -40,6 +40,36 @@ def test_a_delta_rebuilds_the_new_bits_exactly_and_costs_what_changed():
     assert len(encode_delta(old, old)) < 0.01 * old.nbytes  # nothing changed: next to nothing to send
 
 
+def test_a_snapshot_is_the_weights_cast_and_laid_end_to_end():
+    w = {"a": torch.randn(3, 5, dtype=torch.float64), "b": torch.randn(7), "c": torch.zeros(0), "d": torch.randn(2, 2)[:, 0]}
+    flat = policy.flat_weights(w, ["d", "a", "c", "b"], "bfloat16")
+    assert flat.dtype == torch.bfloat16 and torch.equal(flat, torch.cat([w[n].to(torch.bfloat16).reshape(-1) for n in "dacb"]))
+    assert policy.flat_weights({}, [], "float32").shape == (0,)
+
+
+def test_the_writer_lets_go_of_a_snapshot_once_it_is_on_the_host(tmp_path, monkeypatch):
+    """On a GPU a version's snapshot is device memory: it is not held while the version is
+    encoded and written (tens of seconds for billions of weights, beside the next step)."""
+    import gc
+    import weakref
+
+    seen, host_bits, write_versioned = {}, policy.host_bits, storage.write_versioned
+
+    def copied_to_host(flat):  # as from a GPU: the host's bits are a copy
+        seen["snapshot"] = weakref.ref(flat)
+        return host_bits(flat.clone())
+
+    def written(*args, **kwargs):
+        gc.collect()
+        seen["held_while_written"] = seen["snapshot"]() is not None
+        return write_versioned(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "host_bits", copied_to_host)
+    monkeypatch.setattr(policy.storage, "write_versioned", written)
+    PolicyWriter(str(tmp_path / "run"), "bfloat16").publish(1, weights())
+    assert seen["held_while_written"] is False
+
+
 def test_versions_go_out_as_a_base_then_deltas_and_a_producer_follows_them_bit_for_bit(tmp_path):
     run = str(tmp_path / "run")
     writer, reader = PolicyWriter(run, "bfloat16"), PolicyReader(shapes(weights()))
