@@ -117,9 +117,10 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def memory_report(model, d: Dist | None) -> dict:
-    """Bytes of parameters, gradients and AdamW state on this rank (grads as parameters,
-    AdamW: two moments in the parameter dtype)."""
+    """Bytes of parameters, gradients and AdamW state on this rank (gradients and AdamW's two
+    moments for the trained parameters alone, in their dtype: a LoRA learner's adapter)."""
     params = sum(local(p).numel() * p.element_size() for p in model.parameters())
+    trained = sum(local(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return {"rank": 0 if d is None else d.rank, "world": 1 if d is None else d.world,
-            "parameter_bytes": params, "gradient_bytes": params, "optimizer_bytes": 2 * params,
-            "total_bytes": 4 * params}
+            "parameter_bytes": params, "gradient_bytes": trained, "optimizer_bytes": 2 * trained,
+            "total_bytes": params + 3 * trained}

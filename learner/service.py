@@ -31,13 +31,14 @@ import time
 from collections import OrderedDict, deque
 
 import numpy as np
+import torch
 
 from prl import epochs
 from prl.learner import checkpoint, distributed
 from prl.learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
 from prl.learner.train import make_optimizer, train_step
 from prl import storage
-from prl.devices import bf16_autocast_on, choose_device, native_bf16
+from prl.devices import bf16_autocast_on, choose_device, memory_bytes, native_bf16
 from prl.formulas import rollout_age
 from prl.models import export_state, load_model, load_state, load_tokenizer, lora_config, resolve_model_dir
 from prl.policy import PolicyWriter, VersionRejected, newest_version, read_meta
@@ -55,6 +56,7 @@ KEEP_CHECKPOINTS = 3
 # when the learner trains there), and on a GPU a step can be faster than encoding and writing a
 # version on the host: past this the learner waits (its publish_seconds say how long).
 UNWRITTEN_VERSIONS = 2
+MEMORY_FIX = "train a LoRA adapter (learner.lora_rank), or shard the learner over more GPUs (torchrun, deploy/k8s/README)"
 
 
 class Learner(Service):
@@ -69,8 +71,6 @@ class Learner(Service):
         self.is_main = self.dist is None or self.dist.is_main
         super().__init__(cfg, transport, metrics if self.is_main else None)
         self.answers_http = self.is_main  # the ranks of a pod share its port; one that stalls stalls rank 0 with it
-        import torch
-
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if cfg.run.threads:
@@ -88,7 +88,7 @@ class Learner(Service):
         self.writer = PolicyWriter(cfg.run.run_dir, cfg.model.dtype)
         self.outgoing: deque = deque()  # (version, last batch seq, future of its write), oldest first
         self.unacknowledged_announcement = False
-        self.log.info("memory", **distributed.memory_report(self.model, self.dist))
+        self.stop_unless_it_fits(distributed.memory_report(self.model, self.dist))
         if self.is_main:
             self.log_precision()
         self.source, self.exhausted, self.groups = None, False, None  # groups: claim-check batches' rollouts, made on first use
@@ -97,6 +97,17 @@ class Learner(Service):
             self.source = FileSource(batches_from) if batches_from else \
                 TopicSource(transport.subscriber([self.topic(BATCHES)], group=f"{cfg.run.name}.learner"))
             self.announce_start()
+
+    def stop_unless_it_fits(self, report: dict) -> None:
+        """Log what the weights, gradients and AdamW state take on this rank's device, and stop
+        now, in one line, where that alone exceeds the device's memory: the first step would run
+        out of it, after the producers had worked for it."""
+        self.log.info("memory", **report)
+        have = memory_bytes(self.device)
+        if report["total_bytes"] > have:
+            raise ServiceStopped(f"the learner's weights, gradients and AdamW state take {report['total_bytes'] / 2**30:.1f} "
+                                 f"GiB (16 bytes a trained parameter) and {self.device} has {have / 2**30:.1f} GiB: "
+                                 f"{MEMORY_FIX}")
 
     def log_precision(self) -> None:
         """Say once where and in what precision training runs (float32 master weights and AdamW
@@ -338,8 +349,15 @@ class Learner(Service):
             return
         self.remember_trained(usable)
         t0 = time.perf_counter()
-        stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist, self.device,
-                           version=self.version)
+        try:
+            stats = train_step(self.model, self.optimizer, usable, self.cfg.learner, self.pad_id, self.dist, self.device,
+                               version=self.version)
+        except torch.OutOfMemoryError:
+            longest = max(r.num_tokens for r in usable)
+            raise ServiceStopped(f"the learner ran out of {self.device} memory in step {self.version + 1} ({len(usable)} "
+                                 f"rollouts, the longest {longest} tokens): lower learner.micro_batch_tokens "
+                                 f"({self.cfg.learner.micro_batch_tokens}), set learner.activation_checkpointing = true, "
+                                 f"or {MEMORY_FIX}") from None
         stats.update(lr=self.optimizer.param_groups[0]["lr"], train_seconds=time.perf_counter() - t0,
                      **self.age_metrics(usable), mean_reward=sum(r.reward for r in usable) / len(usable),
                      stale_dropped=self.counters.get("stale_dropped", 0))

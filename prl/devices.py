@@ -75,6 +75,28 @@ def module_device(module):
     return param.to_local().device if hasattr(param, "to_local") else param.device
 
 
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
+
+
+def memory_bytes(device) -> int:
+    """All the memory ``device`` has: a GPU's own, or for the CPU the host's RAM, or less where
+    the process's cgroup (a pod's memory limit) allows less."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in CGROUP_MEMORY_LIMITS:
+        try:
+            with open(limit) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            ram = min(ram, int(value))
+    return ram
+
+
 def synchronize(device) -> None:
     """Wait for the device's queued work (timings of GPU work need it; nothing on a CPU)."""
     if device.type == "cuda":

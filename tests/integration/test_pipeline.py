@@ -857,3 +857,52 @@ def test_an_announcement_the_broker_did_not_take_is_made_again_in_order(tmp_path
     assert errors + learner.counters.get("announcements_retried", 0) == 2  # both failures met a retry
     assert set(versions) == {0, 1, 2, 3, 4}  # none dropped (one may arrive twice: at least once)
     assert versions == sorted(versions)  # in order: a version is never announced before an older one
+
+
+def test_a_learner_whose_state_exceeds_its_device_stops_at_the_start_in_one_line(tmp_path, monkeypatch, capsys):
+    """Weights, gradients and AdamW state that cannot fit would run out of memory in the first
+    step, after the producers had worked for it: `prl learner` says so before anything else."""
+    import prl.learner.service as learner_service
+    from prl.cli import main
+    from prl.learner.sources import write_batches
+    from prl.schemas import TrainBatch
+    from tests.unit.test_grpo import random_rollouts
+
+    config = tmp_path / "learner.toml"
+    config.write_text(f'[run]\nrun_dir = "{tmp_path / "run"}"\n')
+    write_batches(str(tmp_path / "a.arrow"), [TrainBatch("b0", 0, 0, 0, random_rollouts(4, seed=0))])
+    monkeypatch.setattr(learner_service, "memory_bytes", lambda device: 1 << 20)
+    assert main(["learner", "--config", str(config), "--batches-from", str(tmp_path / "a.arrow")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "prl learner: the learner's weights, gradients and AdamW state take 0.0 GiB (16 bytes a trained " \
+                      "parameter) and cpu has 0.0 GiB: train a LoRA adapter (learner.lora_rank), or shard the learner " \
+                      "over more GPUs (torchrun, deploy/k8s/README)"
+    assert not (tmp_path / "run" / "policy").exists()  # nothing announced or written
+
+
+def test_a_step_out_of_device_memory_stops_the_learner_with_what_to_change(tmp_path, monkeypatch):
+    import torch
+
+    import prl.learner.service as learner_service
+    from prl.learner.service import Learner
+    from prl.learner.sources import write_batches
+    from prl.schemas import TrainBatch
+    from prl.service import ServiceStopped
+    from tests.unit.test_grpo import random_rollouts
+
+    cfg = small_config(tmp_path, **{"scheduler.replay.ratio": 0})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    write_batches(str(tmp_path / "a.arrow"), [TrainBatch("b0", 0, 0, 0, random_rollouts(6, seed=0))])
+    learner = Learner(cfg, transport, batches_from=str(tmp_path / "a.arrow"))
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.27 GiB")
+
+    monkeypatch.setattr(learner_service, "train_step", out_of_memory)
+    with pytest.raises(ServiceStopped) as stopped:
+        learner.step()
+    assert str(stopped.value).startswith("the learner ran out of cpu memory in step 1 (6 rollouts, the longest ")
+    assert "lower learner.micro_batch_tokens (16384), set learner.activation_checkpointing = true, or train a LoRA" \
+           in str(stopped.value)
+    assert learner.version == 0
