@@ -63,6 +63,12 @@ def run_learner(tmp_path, run_dir, torchrun: bool) -> dict[int, float]:
     return {r["step"]: r["learner/loss"] for r in rows if "learner/loss" in r}
 
 
+def test_the_learner_knows_how_much_memory_its_gpu_has():
+    from prl.devices import memory_bytes
+
+    assert memory_bytes(CUDA) == torch.cuda.mem_get_info(CUDA)[1] > 0
+
+
 def test_log_probs_in_blocks_on_the_gpu_give_the_whole_logits(monkeypatch, record_property):
     """Under bf16 autocast, as the GPU learner computes: checkpointed blocks of the output layer
     against its whole logits, in value and in gradient."""
