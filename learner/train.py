@@ -100,16 +100,23 @@ HEAD_IS_LOGITS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def token_logprobs(model, batch: PackedBatch) -> torch.Tensor:
-    """log pi_theta of every completion token at the sampling temperature, [B, C].
+    """log pi_theta of every completion token at the sampling temperature, [B, C]."""
+    return token_scores(model, batch)[0]
+
+
+def token_scores(model, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log pi_theta of every completion token at the sampling temperature, the entropy of
+    pi_theta at each of those positions, detached), [B, C] each.
 
     Only the C positions before completion tokens go through the output layer (each predicts
     the token after it), a block at a time (LOGIT_BLOCK) where the model allows it."""
     C = batch.targets.shape[1]
     if getattr(model.config, "model_type", None) not in HEAD_IS_LOGITS:
-        logits = forward(model, batch, C + 1).logits[:, :-1]
-        return chosen_logprobs(logits, batch.targets, batch.temperature)
-    with head_returns_logprobs(model.get_output_embeddings(), batch.targets, batch.temperature):
-        return forward(model, batch, C + 1).logits
+        scores = scored(forward(model, batch, C + 1).logits[:, :-1], batch.targets, batch.temperature)
+    else:
+        with head_returns_scores(model.get_output_embeddings(), batch.targets, batch.temperature):
+            scores = forward(model, batch, C + 1).logits
+    return scores[..., 0], scores[..., 1].detach()
 
 
 def forward(model, batch: PackedBatch, keep: int):
@@ -120,21 +127,33 @@ def forward(model, batch: PackedBatch, keep: int):
                  logits_to_keep=keep)
 
 
-def chosen_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / temperature) at ``targets``, as logit - logsumexp(logits) in float32
-    (no log-softmax over the vocabulary materialised)."""
+def scored(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[..., 2]: log softmax(logits / temperature) at ``targets``, as logit - logsumexp(logits) in
+    float32 (no log-softmax over the vocabulary kept), and that distribution's entropy, detached
+    (a diagnostic: a policy whose entropy collapses stops exploring)."""
     logits = logits.float()
     logits = logits / temperature if temperature != 1.0 else logits
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    return torch.stack([logp, entropy(logits.detach())], -1)
+
+
+@torch.no_grad()
+def entropy(logits: torch.Tensor, rows: int = 256) -> torch.Tensor:
+    """-sum p log p of softmax(logits) over the last dimension, ``rows`` positions at a time (one
+    [rows, V] temporary, not another copy of the logits)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = [torch.special.entr(torch.softmax(block, -1)).sum(-1) for block in flat.split(rows)]
+    return torch.cat(parts).view(logits.shape[:-1]) if parts else logits.new_zeros(logits.shape[:-1])
 
 
 @contextlib.contextmanager
-def head_returns_logprobs(head, targets: torch.Tensor, temperature: float):
-    """Within it, the output layer ``head`` maps its input [B, C + 1, H] to the log-probs of
-    ``targets`` [B, C], in blocks; the model's forward (and FSDP's hooks on it) run unchanged."""
+def head_returns_scores(head, targets: torch.Tensor, temperature: float):
+    """Within it, the output layer ``head`` maps its input [B, C + 1, H] to ``scored`` log-probs
+    and entropies of ``targets``, [B, C, 2], in blocks; the model's forward (and FSDP's hooks on
+    it) run unchanged."""
     own = head.__dict__.get("forward")  # an instance's own forward (accelerate sets one), or None
     linear = head.forward
-    head.forward = lambda hidden: blocked_logprobs(linear, hidden[:, :-1], targets, temperature, head.weight.shape[0])
+    head.forward = lambda hidden: blocked_scores(linear, hidden[:, :-1], targets, temperature, head.weight.shape[0])
     try:
         yield
     finally:
@@ -144,17 +163,17 @@ def head_returns_logprobs(head, targets: torch.Tensor, temperature: float):
             head.forward = own
 
 
-def blocked_logprobs(linear, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, vocab: int) -> torch.Tensor:
-    """``chosen_logprobs(linear(hidden), targets, temperature)``, LOGIT_BLOCK logits at a time:
-    with more than one block, each is checkpointed, so backward recomputes its logits."""
+def blocked_scores(linear, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, vocab: int) -> torch.Tensor:
+    """``scored(linear(hidden), targets, temperature)``, LOGIT_BLOCK logits at a time: with more
+    than one block, each is checkpointed, so backward recomputes its logits."""
     positions = max(1, LOGIT_BLOCK // vocab)
     if targets.numel() <= positions:
-        return chosen_logprobs(linear(hidden), targets, temperature)
+        return scored(linear(hidden), targets, temperature)
     flat, wanted = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    blocks = [checkpoint(lambda h, t: chosen_logprobs(linear(h), t, temperature), flat[i : i + positions],
+    blocks = [checkpoint(lambda h, t: scored(linear(h), t, temperature), flat[i : i + positions],
                          wanted[i : i + positions], use_reentrant=False, preserve_rng_state=False)
               for i in range(0, len(flat), positions)]
-    return torch.cat(blocks).view_as(targets).clone()  # not a view: FSDP hooks the model's output, and warns of views
+    return torch.cat(blocks).view(*targets.shape, 2).clone()  # not a view: FSDP hooks the model's output, and warns of views
 
 
 def plan_micro_batches(rollouts: list[TrainRollout], max_tokens: int, world: int = 1) -> list[list[list[TrainRollout]]]:
@@ -182,7 +201,7 @@ def plan_micro_batches(rollouts: list[TrainRollout], max_tokens: int, world: int
 # Every completion token; fresh rollouts' and replayed ones'; fresh ones sampled by the weights
 # the step starts from (age 0: their ratio is the engine-trainer mismatch alone) and older ones.
 PARTS = ("all", "fresh", "replay", "age0", "stale")
-SUMMED = ("tokens", "clipped", "approx_kl", "ratio")
+SUMMED = ("tokens", "clipped", "approx_kl", "ratio", "entropy")
 # The age-0 tokens' log-ratios, counted in bins of 0.001 over [-0.5, 0.5] plus one below and one
 # above (summed over micro-batches and ranks like the rest): the mismatch's quantiles, to 0.1%.
 LOG_RATIO_EDGES = torch.linspace(-0.5, 0.5, 1001, dtype=torch.float64)
@@ -204,7 +223,7 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg, version:
     log-ratios' [max, -min]). The loss is ``grpo_loss`` normalised by the batch's ``total_tokens``,
     so micro-batch losses add up to the batch's; the diagnostics come from the same function
     per part."""
-    logp = token_logprobs(model, batch)
+    logp, entropies = token_scores(model, batch)
     options = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=DUAL_CLIP)
     loss, _ = grpo_loss(logp, batch.behaviour_logp, batch.advantage, batch.mask, total_tokens=total_tokens,
                         sample_weight=batch.sample_weight, **options)
@@ -215,7 +234,7 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg, version:
             mask = batch.mask * rows.unsqueeze(-1)
             _, stats = grpo_loss(logp.detach(), batch.behaviour_logp, batch.advantage, mask, **options)
             n = mask.sum()
-            sums += [n, *(stats[name] * n for name in ("clip_fraction", "approx_kl", "ratio_mean"))]
+            sums += [n, *(stats[name] * n for name in ("clip_fraction", "approx_kl", "ratio_mean")), (entropies * mask).sum()]
         age0 = (batch.mask * parts[PARTS.index("age0")].unsqueeze(-1)) > 0
         log_ratio = (logp.detach() - batch.behaviour_logp)[age0].double()
         bins = torch.bucketize(log_ratio, LOG_RATIO_EDGES.to(log_ratio.device))
@@ -295,12 +314,13 @@ def step_metrics(s: dict[str, float], total_tokens: int,
     stale); for age 0, the engine-trainer mismatch: its k3 KL and ratio mean, quantiles, min and max."""
     n = max(1, s["all/tokens"])
     metrics = {"loss": s["loss"] / max(1, total_tokens), "tokens": int(s["all/tokens"]),
-               "clip_fraction": s["all/clipped"] / n, "approx_kl": s["all/approx_kl"] / n, "ratio_mean": s["all/ratio"] / n}
+               "clip_fraction": s["all/clipped"] / n, "approx_kl": s["all/approx_kl"] / n, "ratio_mean": s["all/ratio"] / n,
+               "entropy": s["all/entropy"] / n}
     for part in PARTS[1:]:
         n = s[f"{part}/tokens"]
         if n > 0:
             metrics.update({f"{part}/ratio_mean": s[f"{part}/ratio"] / n, f"{part}/clip_fraction": s[f"{part}/clipped"] / n,
-                            f"{part}/approx_kl": s[f"{part}/approx_kl"] / n,
+                            f"{part}/approx_kl": s[f"{part}/approx_kl"] / n, f"{part}/entropy": s[f"{part}/entropy"] / n,
                             f"{part}/tokens": int(n)})
     counts = np.array([s[f"age0/log_ratio_bin/{i}"] for i in range(len(LOG_RATIO_EDGES) + 1)])
     if counts.sum() > 0:

@@ -127,8 +127,8 @@ def zero_signal_bars(results: dict, out_uri: str) -> None:
 
 
 def run_report(rows: list[dict], out_uri: str) -> None:
-    """One page for a run from every service's metrics: held-out accuracy, reward and loss,
-    the share of groups with a signal and of replayed rollouts, rollout ages, stale drops, and
+    """One page for a run from every service's metrics: held-out accuracy, reward, loss and the
+    policy's entropy on fresh rollouts, the share of groups with a signal and of replayed rollouts, rollout ages, stale drops, and
     how far off-policy the learner trains: the KL to the behaviour policy of age-0 (the engine
     mismatch), stale and replayed rollouts, and the age-0 ratio's quantiles."""
     plt = pyplot()
@@ -138,7 +138,8 @@ def run_report(rows: list[dict], out_uri: str) -> None:
     fig, axes = plt.subplots(3, 2, figsize=(11, 10))
     panels = [
         (axes[0][0], evals, "rollouts_generated", ["eval/accuracy"], "held-out accuracy"),
-        (axes[0][1], learner, "step", ["learner/mean_reward", "learner/loss"], "trained reward and loss"),
+        (axes[0][1], learner, "step", ["learner/mean_reward", "learner/loss", "learner/fresh/entropy"],
+         "trained reward, loss and the policy's entropy (nats)"),
         (axes[1][0], sched, "seq", ["scheduler/signal_share", "scheduler/retest_share", "scheduler/never_dispatched_share"],
          "scheduler shares"),
         (axes[1][1], learner, "step", ["learner/replay_share", "learner/age_mean", "learner/stale_dropped"], "replay and ages"),

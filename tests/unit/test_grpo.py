@@ -228,6 +228,24 @@ def test_the_mismatch_is_measured_on_age_0_rollouts_alone():
     assert m["age0/tokens"] == sum(len(r.completion_ids) for r in fresh) and m["stale/tokens"] > 0
 
 
+def test_a_steps_entropy_is_the_token_mean_of_the_policys_entropy_per_part():
+    from prl.learner import train
+    from prl.models import load_model
+    from prl.schemas.config import LearnerConfig
+
+    model = load_model("builtin:tiny-adder", "float32")
+    rollouts = [dataclasses.replace(r, is_replay=i >= 4) for i, r in enumerate(random_rollouts(6, seed=5))]
+    batch = train.pack(rollouts)
+    with torch.no_grad():
+        _, entropy = train.token_scores(model, batch)
+    m = train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), rollouts, LearnerConfig())
+    for part, rows in (("fresh", slice(0, 4)), ("replay", slice(4, 6))):
+        expected = (entropy[rows] * batch.mask[rows]).sum() / batch.mask[rows].sum()
+        assert m[f"{part}/entropy"] == pytest.approx(float(expected), rel=1e-4)
+    assert 0 < m["replay/entropy"] and m["entropy"] == pytest.approx(float((entropy * batch.mask).sum() / batch.mask.sum()), rel=1e-4)
+    assert max(m["fresh/entropy"], m["replay/entropy"]) <= math.log(model.config.vocab_size)
+
+
 LOG_RHO = torch.tensor([[0.0, 1.0, -1.0, 2.0], [0.005, 0.005, 0.005, 0.0], [0.05, 0.0, 0.0, 0.0]])
 MASK = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
 

@@ -122,3 +122,18 @@ def test_blocks_under_fsdp_give_the_unsharded_gradients(tmp_path, monkeypatch):
             assert all(torch.allclose(grads[n].full_tensor(), g, atol=1e-5) for n, g in expected_grads.items())
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("block", [5 * VOCAB, train.LOGIT_BLOCK], ids=["blocks", "one block"])
+def test_the_entropy_at_each_position_is_the_sampling_distributions(block, monkeypatch):
+    """The policy's entropy at the sampling temperature (a diagnostic, so it carries no gradient),
+    both ways and on a model that takes its logits whole."""
+    monkeypatch.setattr(train, "LOGIT_BLOCK", block)
+    for model in (tiny_model("qwen2"), tiny_model("gemma2", final_logit_softcapping=3.0)):
+        b = batch(temperature=0.7)
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits
+        logp_all = torch.log_softmax(logits[:, -(b.targets.shape[1] + 1) : -1].float() / 0.7, -1)
+        expected = -(logp_all.exp() * logp_all).sum(-1)
+        logp, entropy = train.token_scores(model, b)
+        assert not entropy.requires_grad and logp.requires_grad
+        assert torch.allclose(entropy * b.mask, expected.detach() * b.mask, atol=1e-5)
