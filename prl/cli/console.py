@@ -50,7 +50,7 @@ class Console:
             print(json.dumps({"event": "evaluation", **figures}), file=sys.stderr, flush=True)
             return
         line = (f"step {figures['step']:>5}  rollouts {figures['rollouts']:>8,} ({figures['rollouts_per_s']:,.0f}/s)  "
-                f"reward {figures['reward']:.3f}  held-out {figures['heldout_accuracy']:.3f}  "
+                f"reward {figures['reward']:.3f}  " + entropy_text(figures) + f"held-out {figures['heldout_accuracy']:.3f}  "
                 f"zero-signal {figures['zero_signal_share']:.2f}  replay {figures['replay_share']:.2f}  "
                 f"stale {figures['stale_dropped']}" + mismatch_text(figures))
         if self.bar is not None:
@@ -64,6 +64,11 @@ class Console:
             self.bar = None
 
 
+def entropy_text(figures: dict) -> str:
+    """The line's entropy part: the policy's, on the last step's fresh rollouts (none before a step)."""
+    return "" if figures.get("entropy") is None else f"entropy {figures['entropy']:.2f}  "
+
+
 def mismatch_text(figures: dict) -> str:
     """The line's mismatch part, naming its step when an earlier step measured it."""
     if figures["mismatch_kl"] is None:
@@ -73,15 +78,17 @@ def mismatch_text(figures: dict) -> str:
 
 
 def progress_figures(learner, scheduler, evaluation, seconds: float, mismatch: tuple | None = None) -> dict:
-    """One evaluation's line: its version and accuracy, how the run stood when it was asked, and
-    the newest engine-trainer mismatch at age 0 with the step that measured it (None: not yet)."""
+    """One evaluation's line: its version and accuracy, how the run stood when it was asked (the
+    last step's reward and the policy's entropy on its fresh rollouts among it), and the newest
+    engine-trainer mismatch at age 0 with the step that measured it (None: not yet)."""
     stats = getattr(learner, "last_stats", {})
     returned = max(1, scheduler.groups_returned)
     stale = learner.counters.get("stale_dropped", 0) + sum(
         v for k, v in scheduler.counters.items() if k.startswith("stale_groups_dropped/"))
     return {"step": evaluation.version, "rollouts": evaluation.rollouts_generated,
             "rollouts_per_s": learner.rollouts_generated / max(seconds, 1e-9),
-            "reward": stats.get("mean_reward", 0.0), "heldout_accuracy": evaluation.figures["accuracy"],
+            "reward": stats.get("mean_reward", 0.0), "entropy": stats.get("fresh/entropy", stats.get("entropy")),
+            "heldout_accuracy": evaluation.figures["accuracy"],
             "zero_signal_share": 1 - scheduler.groups_with_signal / returned,
             "replay_share": stats.get("replay_share", 0.0), "stale_dropped": stale,
             "mismatch_kl": mismatch[0] if mismatch else None, "mismatch_step": mismatch[1] if mismatch else None}

@@ -65,3 +65,19 @@ def test_an_evaluation_line_shows_the_newest_mismatch_measured_though_its_step_h
     assert line["step"] == 4 and (line["mismatch_kl"], line["mismatch_step"]) == (2e-4, 3) and line["reward"] == 0.4
     assert mismatch_text(line) == "  mismatch-KL 2.0e-04 (step 3)"
     assert mismatch_text({**line, "mismatch_step": 4}) == "  mismatch-KL 2.0e-04"
+
+
+def test_an_evaluation_line_shows_the_policys_entropy_on_the_last_steps_fresh_rollouts(capsys):
+    from types import SimpleNamespace
+
+    from prl.cli.console import Console
+
+    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: [SimpleNamespace(version=4, rollouts_generated=512,
+                                                                                       figures={"accuracy": 0.5})]),
+                                groups_returned=8, groups_with_signal=6, counters={})
+    learner = SimpleNamespace(counters={}, rollouts_generated=512, version=4,
+                              last_stats={"mean_reward": 0.4, "entropy": 0.9, "fresh/entropy": 0.734})
+    console = Console(10, 0, fmt="console", enabled=True)
+    console.update(learner, scheduler)
+    console.close()
+    assert "reward 0.400  entropy 0.73  held-out 0.500" in capsys.readouterr().err
