@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -89,7 +90,8 @@ def test_two_ranks_match_one_process_and_resume_on_one(tmp_path):
 
 def test_two_ranks_in_one_pod_answer_health_on_one_port(tmp_path):
     """The ranks of a pod share its network: rank 0 alone serves --http (rank 1 binding the
-    same port took the job down), and answers for the learner until it is stopped."""
+    same port took the job down), and answers for the learner until it is stopped; SIGTERM to
+    torchrun (a pod's end) stops both ranks."""
     import signal
 
     from tests.support.servers import free_port, wait_until
@@ -98,7 +100,7 @@ def test_two_ranks_in_one_pod_answer_health_on_one_port(tmp_path):
     make_batches(tmp_path / "batches.arrow")
     port = free_port()
     cmd = learner_command(tmp_path, tmp_path / "run", 2, 3, "--http", f"127.0.0.1:{port}", "--when-finished", "wait")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def finished():
             assert proc.poll() is None, proc.stdout.read()[-3000:]
@@ -108,6 +110,24 @@ def test_two_ranks_in_one_pod_answer_health_on_one_port(tmp_path):
                 return False
         wait_until(finished, 240, "the 2-rank learner's /health to say finished")
         assert losses(tmp_path / "run").keys() == {1, 2, 3}
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        wait_until(lambda: not ranks_of(tmp_path), 30, "both ranks to exit")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()  # torchrun's workers are in sessions of their own: what is left of them goes by PID
+        for pid in ranks_of(tmp_path):
+            os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def ranks_of(tmp_path) -> list[int]:
+    """The PIDs of the learner processes started with this test's config."""
+    marker = str(tmp_path / "learner.toml").encode()
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes() and b"prl.cli" in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # gone meanwhile
+            continue
+    return pids
