@@ -134,7 +134,7 @@ def scored(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> t
     logits = logits.float()
     logits = logits / temperature if temperature != 1.0 else logits
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-    return torch.stack([logp, entropy(logits.detach())], -1)
+    return torch.stack([logp, entropy(logits)], -1)
 
 
 @torch.no_grad()
