@@ -126,8 +126,9 @@ def ranks_of(tmp_path) -> list[int]:
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if marker in cmdline.read_bytes() and b"prl.cli" in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
+            args = cmdline.read_bytes()
         except OSError:  # gone meanwhile
             continue
+        if marker in args and b"prl.cli" in args:
+            pids.append(int(cmdline.parent.name))
     return pids
