@@ -88,17 +88,17 @@ def share_by_kind(pairs, kinds: dict[str, str]) -> dict[str, list]:
 def where_it_learned(run_dir: str, kinds: dict[str, str]) -> dict[str, dict]:
     """Per kind: held-out problems, accuracy at the first and the last evaluation (their answers
     files), and training completions generated and the share solved (the rollout archive)."""
-    from prl.scheduler.archive import groups_from_table, read_archive, root
+    from prl.scheduler.archive import read_outcomes, root
 
     files = sorted(Path(run_dir, "evaluations").glob("step-*.jsonl"))
     first, last = ([json.loads(line) for line in f.read_text().splitlines()] for f in (files[0], files[-1]))
     start = share_by_kind(((a["problem_id"], a["reward"]) for a in first), kinds)
     end = share_by_kind(((a["problem_id"], a["reward"]) for a in last), kinds)
     try:
-        groups = groups_from_table(read_archive(root(run_dir)))
+        groups = read_outcomes(root(run_dir))
     except FileNotFoundError:  # a run too short to accept a group
         groups = []
-    train = share_by_kind(((g.problem_id, r.reward) for g in groups for r in g.rollouts), kinds)
+    train = share_by_kind(((g.problem_id, r) for g in groups for r in g.rewards), kinds)
     return {k: {"heldout": end[k][1], "start": start[k][0] / start[k][1], "end": end[k][0] / end[k][1],
                 "train_completions": train.get(k, [0, 0])[1],
                 "train_solved": train[k][0] / train[k][1] if k in train else None}

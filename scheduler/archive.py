@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prl.episodes import model_turns
 from prl.storage import StorageError, replace_file
 from prl.schemas import RolloutGroup
 from prl.schemas.records import to_table
@@ -110,23 +114,72 @@ class RolloutArchive:
         self.flush()
 
 
-def read_archive(uri: str) -> pa.Table:
-    """The whole archive as one table with ``policy_version`` restored from the paths,
-    sorted by acceptance time, each dispatch's group once (the first archived)."""
-    import pyarrow.dataset as ds
+OUTCOME_COLUMNS = ("problem_id", "error", "learner_version", "rollouts.list.element.reward",
+                   "rollouts.list.element.model_mask")  # what statistics of the archive need: no tokens
+ORDER_COLUMNS = ("dispatch_id", "accepted_at")  # what the reader needs to order rows and drop copies
+READ_THREADS = 16  # files read at once (on object storage a file's read is mostly waiting)
 
+
+def read_archive(uri: str, columns: tuple[str, ...] | None = None, problem_id: str | None = None) -> pa.Table:
+    """The archive as one table with ``policy_version`` restored from the paths, sorted by
+    acceptance time, each dispatch's group once (the first archived).
+
+    ``columns``: the Parquet column paths to read (a field of the rollouts as
+    ``rollouts.list.element.reward``; a path an older file lacks is left out of it), None for
+    all: statistics over a run's archive read a few bytes a group instead of its tokens.
+    ``problem_id``: that problem's rows alone, read whole from the files that hold it."""
     fs, path = fsspec.core.url_to_fs(uri.rstrip("/"))
     files = [f for f in fs.find(path) if f.endswith(".parquet")]
     if not files:
         raise FileNotFoundError(f"no Parquet files under {uri}")
+    wanted = None if columns is None else list(dict.fromkeys((*ORDER_COLUMNS, *columns)))
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        parts = [t for t in pool.map(lambda f: read_part(fs, f, wanted, problem_id), files) if t is not None]
+    if not parts:
+        return ARCHIVE_SCHEMA.empty_table().append_column("policy_version", pa.array([], pa.int64()))
     try:
-        dataset = ds.dataset(files, filesystem=fs, format="parquet", partitioning="hive", partition_base_dir=path)
-        table = dataset.to_table()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise StorageError(unreadable_archive(fs, files, exc)) from None
-    table = table.set_column(table.schema.get_field_index("policy_version"), "policy_version",
-                             table["policy_version"].cast(pa.int64()))
+        table = pa.concat_tables(parts, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise StorageError(f"the archive under {uri} cannot be read as one table: {' '.join(str(exc).split())[:300]}") from None
     return first_of_each_dispatch(table.sort_by("accepted_at"))
+
+
+def read_part(fs, path: str, columns: list[str] | None, problem_id: str | None) -> pa.Table | None:
+    """One archive file's ``columns`` (None: all) with its partition's ``policy_version``; with
+    ``problem_id``, its rows of that problem (None where it has none)."""
+    try:
+        with fs.open(path, "rb") as f:
+            part = pq.ParquetFile(f)
+            if problem_id is not None and problem_id not in set(part.read(columns=["problem_id"])["problem_id"].to_pylist()):
+                return None
+            leaves = [part.schema.column(i).path + "." for i in range(len(part.schema))]
+            table = part.read(columns=None if columns is None else [c for c in columns if "." not in c or any(
+                leaf.startswith(c + ".") for leaf in leaves)])
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise StorageError(f"archive file {path} is not readable Parquet ({' '.join(str(exc).split())[:200]}); move it "
+                           "out of the archive and run again (the scheduler writes archive files whole: this one was "
+                           "damaged or put there by hand)") from None
+    if problem_id is not None:
+        table = table.filter(pc.equal(table["problem_id"], problem_id))
+    folder = path.rsplit("/", 2)[-2]
+    if not folder.startswith("policy_version=") or not folder[len("policy_version="):].isdigit():
+        raise StorageError(f"archive file {path} is not in a policy_version=<V> folder; move it out of the archive and run again")
+    version = int(folder[len("policy_version="):])
+    return with_model_masks(table).append_column("policy_version", pa.array(np.full(table.num_rows, version), pa.int64()))
+
+
+def with_model_masks(table: pa.Table) -> pa.Table:
+    """A file from before model masks with each rollout's mask empty (every token the model's),
+    as newer files write it, so both read as one table."""
+    if "rollouts" not in table.column_names or table.schema.field("rollouts").type.value_type.get_field_index("model_mask") >= 0:
+        return table
+    rollouts = table["rollouts"].combine_chunks()
+    inner = rollouts.flatten()
+    fields = [pc.struct_field(inner, f.name) for f in inner.type] + [pa.array([[]] * len(inner), pa.list_(pa.uint8()))]
+    names = [f.name for f in inner.type] + ["model_mask"]
+    offsets = np.concatenate([[0], np.cumsum(pc.list_value_length(rollouts).to_numpy(zero_copy_only=False))]).astype(np.int32)
+    masked = pa.ListArray.from_arrays(pa.array(offsets), pa.StructArray.from_arrays(fields, names=names))
+    return table.set_column(table.schema.get_field_index("rollouts"), "rollouts", masked)
 
 
 def first_of_each_dispatch(table: pa.Table) -> pa.Table:
@@ -135,23 +188,32 @@ def first_of_each_dispatch(table: pa.Table) -> pa.Table:
     return table.take(np.sort(first)) if len(first) < table.num_rows else table
 
 
-def unreadable_archive(fs, files: list[str], exc: Exception) -> str:
-    """One line naming the archive file pyarrow could not read, and what to do about it."""
-    for f in files:
-        if problem := parquet_problem(fs, f):
-            return (f"archive file {f} is not readable Parquet ({problem}); move it out of the archive and run "
-                    "again (the scheduler writes archive files whole: this one was damaged or put there by hand)")
-    return f"the archive under {files[0].rsplit('/', 2)[0]} cannot be read as one table: {' '.join(str(exc).split())[:300]}"
+@dataclass(frozen=True)
+class GroupOutcome:
+    """An archived group without its tokens: what statistics over a run need."""
+
+    problem_id: str
+    policy_version: int
+    learner_version: int
+    rewards: list[float]
+    turns: list[int]  # the model's turns in each rollout (1 each in a single-turn task)
 
 
-def parquet_problem(fs, path: str) -> str | None:
-    """Why ``path`` is not a Parquet file whose schema can be read, or None."""
-    try:
-        with fs.open(path, "rb") as f:
-            pq.read_schema(f)
-        return None
-    except (pa.ArrowInvalid, OSError) as exc:
-        return " ".join(str(exc).split())[:200]
+def read_outcomes(uri: str) -> list[GroupOutcome]:
+    """The archive's served groups (no error, some rollouts) in acceptance order, read without
+    their tokens (OUTCOME_COLUMNS)."""
+    table = read_archive(uri, OUTCOME_COLUMNS)
+    table = table.filter(pc.and_(pc.equal(table["error"], ""), pc.greater(pc.list_value_length(table["rollouts"]), 0)))
+    rollouts = table["rollouts"].combine_chunks()
+    inner = rollouts.flatten()
+    bounds = np.concatenate([[0], np.cumsum(pc.list_value_length(rollouts).to_numpy())]).tolist()
+    rewards = pc.struct_field(inner, "reward").to_numpy(zero_copy_only=False).tolist()
+    masks = pc.struct_field(inner, "model_mask")
+    mask_values = pc.list_flatten(masks).to_numpy(zero_copy_only=False)
+    mask_bounds = np.concatenate([[0], np.cumsum(pc.list_value_length(masks).to_numpy())]).tolist()
+    turns = [model_turns(mask_values[a:b]) for a, b in zip(mask_bounds[:-1], mask_bounds[1:])]
+    columns = zip(table["problem_id"].to_pylist(), table["policy_version"].to_pylist(), table["learner_version"].to_pylist())
+    return [GroupOutcome(pid, v, lv, rewards[a:b], turns[a:b]) for (pid, v, lv), a, b in zip(columns, bounds[:-1], bounds[1:])]
 
 
 def groups_from_table(table: pa.Table) -> list[RolloutGroup]:

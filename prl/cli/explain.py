@@ -124,14 +124,14 @@ def fates(ids: list[str], rewards, trained: set, in_buffer: dict, version: int, 
 
 
 def archived(cfg, problem_id: str) -> list[tuple]:
+    """The problem's archived groups with the learner's version when each was accepted."""
     from prl.scheduler.archive import groups_from_table, read_archive
     from prl.scheduler.archive import root as archive_root
 
     try:
-        table = read_archive(archive_root(cfg.run.run_dir))
+        table = read_archive(archive_root(cfg.run.run_dir), problem_id=problem_id)
     except FileNotFoundError:
         return []
-    table = table.filter(np.asarray(table["problem_id"].to_pylist()) == problem_id)
     return list(zip(groups_from_table(table), table["learner_version"].to_pylist()))
 
 

@@ -6,7 +6,7 @@ import argparse
 import math
 
 BENCHMARKS = ("scheduler", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights", "memory",
-              "snapshots", "faults", "gpu")
+              "snapshots", "faults", "gpu", "archive")
 
 
 def number_type(convert, ok, what: str):

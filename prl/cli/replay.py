@@ -19,9 +19,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from prl.episodes import model_turns
 from prl.formulas import bernoulli_variance, group_outcome, has_signal
-from prl.scheduler.archive import groups_from_table, read_archive
+from prl.scheduler.archive import GroupOutcome, groups_from_table, read_archive, read_outcomes
 from prl.schemas import RolloutGroup, TrainBatch
 from prl.schemas.config import BUILTIN_STRATEGIES
 
@@ -33,7 +32,8 @@ def _progress(total: int, desc: str, enabled: bool = True, unit: str = "group"):
 
 
 def load_groups(uri: str) -> list[RolloutGroup]:
-    """Served groups of the archive, in acceptance order."""
+    """Served groups of the archive, in acceptance order, tokens and all (for training; the
+    statistics read ``read_outcomes``)."""
     return [g for g in groups_from_table(read_archive(uri)) if not g.error and g.rollouts]
 
 
@@ -47,10 +47,9 @@ def report(uri: str, out_dir: str) -> dict:
     """PNGs under ``out_dir`` and a per-version table (returned and printed by the CLI)."""
     from prl import plots
 
-    table = read_archive(uri)
-    groups = [g for g in groups_from_table(table) if g.rollouts]
-    ages = np.asarray(table["learner_version"].to_numpy() - table["policy_version"].to_numpy())
-    by_version: dict[int, list[RolloutGroup]] = defaultdict(list)
+    groups = read_outcomes(uri)
+    ages = np.asarray([g.learner_version - g.policy_version for g in groups])
+    by_version: dict[int, list[GroupOutcome]] = defaultdict(list)
     for g in groups:
         by_version[g.policy_version].append(g)
     rows = [version_row(v, by_version[v]) for v in sorted(by_version)]
@@ -65,11 +64,11 @@ def report(uri: str, out_dir: str) -> dict:
             "pngs": [f"{out}/{n}.png" for n in ("reward_by_version", "success_trajectories", "age_histogram", "priority_histogram")]}
 
 
-def version_row(version: int, groups: list[RolloutGroup]) -> dict:
+def version_row(version: int, groups: list[GroupOutcome]) -> dict:
     """One version's groups: rewards, solved and signal shares, and the model's turns per
     rollout (1 for single-turn tasks; more where episodes used their environment's tools)."""
     rewards = [r for g in groups for r in g.rewards]
-    turns = [model_turns(r.model_mask) for g in groups for r in g.rollouts]
+    turns = [t for g in groups for t in g.turns]
     return {"policy_version": version, "groups": len(groups), "rollouts": len(rewards),
             "mean_reward": float(np.mean(rewards)), "solved_share": float(np.mean([r > 0 for r in rewards])),
             "signal_share": float(np.mean([has_signal(g.rewards) for g in groups])),
@@ -79,7 +78,7 @@ def version_row(version: int, groups: list[RolloutGroup]) -> dict:
 MAX_LINES = 10  # difficulties drawn as lines of their own in success_trajectories.png
 
 
-def success_by_difficulty(by_version: dict[int, list[RolloutGroup]]) -> dict[str, tuple[list[int], list[float]]]:
+def success_by_difficulty(by_version: dict[int, list[GroupOutcome]]) -> dict[str, tuple[list[int], list[float]]]:
     """Per difficulty: (policy versions, share of that version's rollouts that solved). Ids
     without a difficulty prefix (a dataset's), or more difficulties than a legend can name,
     make one line over all problems."""
@@ -98,7 +97,7 @@ def success_by_difficulty(by_version: dict[int, list[RolloutGroup]]) -> dict[str
     return out
 
 
-def final_success_rates(groups: list[RolloutGroup]) -> np.ndarray:
+def final_success_rates(groups: list[GroupOutcome]) -> np.ndarray:
     """Each archived problem's share of solved rollouts over all its groups."""
     solved, attempts = Counter(), Counter()
     for g in groups:
@@ -123,7 +122,7 @@ def whatif(cfg, uri: str, out_dir: str | None, strategies=BUILTIN_STRATEGIES, ro
     """Each strategy (at the run's other settings) chooses problems from the archived ones; the
     outcome of a choice is the problem's next archived group (cycling). Counts what each chose
     and what it spent on zero-signal groups."""
-    groups = load_groups(uri)
+    groups = read_outcomes(uri)
     outcomes: dict[str, list[list[float]]] = defaultdict(list)
     for g in groups:
         outcomes[g.problem_id].append(g.rewards)

@@ -70,29 +70,97 @@ def test_a_file_that_is_not_parquet_is_named_in_one_line(tmp_path):
     assert "move it out of the archive" in str(err.value)
 
 
-def test_an_archive_of_the_previous_release_reads_with_every_token_the_models(tmp_path):
-    """Archives written before model masks existed (no model_mask column in the rollouts) read
-    as they were: every completion token the model's."""
+def without_model_masks(path) -> None:
+    """Rewrite an archive file as the release before model masks wrote it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from prl.scheduler.archive import groups_from_table
+    table = pq.read_table(path)
+    rollouts = table["rollouts"].combine_chunks()
+    inner = rollouts.values
+    old = pa.StructArray.from_arrays([inner.field(n.name) for n in inner.type if n.name != "model_mask"],
+                                     fields=[n for n in inner.type if n.name != "model_mask"])
+    table = table.set_column(table.schema.get_field_index("rollouts"), "rollouts", pa.ListArray.from_arrays(rollouts.offsets, old))
+    pq.write_table(table, path)
 
-    archive = RolloutArchive(str(tmp_path / "archive"))
-    for g in make_groups(3):
+
+def test_an_archive_of_the_previous_release_reads_with_every_token_the_models(tmp_path):
+    """Archives written before model masks existed (no model_mask column in the rollouts) read
+    as they were: every completion token the model's; beside newer files too."""
+    from prl.scheduler.archive import groups_from_table, read_outcomes
+
+    archive = RolloutArchive(str(tmp_path / "archive"), max_rows=3)
+    for g in make_groups(6):
         archive.add(g, 0)
     archive.close()
-    for f in (tmp_path / "archive").rglob("*.parquet"):
-        table = pq.read_table(f)
-        rollouts = table["rollouts"].combine_chunks()
-        inner = rollouts.values
-        old = pa.StructArray.from_arrays([inner.field(n.name) for n in inner.type if n.name != "model_mask"],
-                                         fields=[n for n in inner.type if n.name != "model_mask"])
-        table = table.set_column(table.schema.get_field_index("rollouts"), "rollouts",
-                                 pa.ListArray.from_arrays(rollouts.offsets, old))
-        pq.write_table(table, f)
+    old, new = sorted((tmp_path / "archive").rglob("*.parquet"))[:2]
+    without_model_masks(old)
     groups = groups_from_table(read_archive(str(tmp_path / "archive")))
-    assert len(groups) == 3 and all(len(r.model_mask) == 0 for g in groups for r in g.rollouts)
+    assert len(groups) == 6 and all(len(r.model_mask) == 0 for g in groups for r in g.rollouts)
+    assert [len(g.turns) for g in read_outcomes(str(tmp_path / "archive"))] == [4] * 6
+
+
+def archive_with_copies_and_errors(tmp_path):
+    """60 groups over 6 versions, 5 of them archived twice (a restarted scheduler), 2 errors."""
+    import dataclasses
+
+    groups = make_groups(60)
+    groups[7] = dataclasses.replace(groups[7], rollouts=[], error="prompt_too_long")
+    groups[33] = dataclasses.replace(groups[33], rollouts=[], error="prompt_too_long")
+    archive = RolloutArchive(str(tmp_path / "archive"), max_rows=7)
+    for g in groups:
+        archive.add(g, learner_version=g.policy_version + 2)
+    archive.close()
+    again = RolloutArchive(str(tmp_path / "archive"))
+    for g in groups[40:45]:
+        again.add(g, learner_version=99)
+    again.close()
+    return str(tmp_path / "archive"), groups
+
+
+def test_statistics_read_outcomes_without_the_tokens(tmp_path):
+    """A report or whatif over a run's archive reads each group's problem, versions, rewards
+    and turns, and none of the token columns: the same outcomes as the whole groups give."""
+    from prl.episodes import model_turns
+    from prl.scheduler.archive import OUTCOME_COLUMNS, groups_from_table, read_outcomes
+
+    uri, groups = archive_with_copies_and_errors(tmp_path)
+    whole = read_archive(uri)
+    expected = [(g.problem_id, g.policy_version, lv, g.rewards, [model_turns(r.model_mask) for r in g.rollouts])
+                for g, lv in zip(groups_from_table(whole), whole["learner_version"].to_pylist()) if g.rollouts]
+    outcomes = read_outcomes(uri)
+    assert [(o.problem_id, o.policy_version, o.learner_version, o.rewards, o.turns) for o in outcomes] == expected
+    assert len(outcomes) == 58 and {o.learner_version for o in outcomes} == {2, 3, 4, 5, 6, 7}  # first copies only
+    read = read_archive(uri, OUTCOME_COLUMNS).schema
+    assert read.field("rollouts").type.value_type.names == ["reward", "model_mask"]
+    assert "prompt_ids" not in read.names
+
+
+def test_one_problems_groups_are_read_whole_and_alone(tmp_path):
+    """`prl explain` reads one problem's groups, tokens and all, each dispatch once."""
+    from prl.scheduler.archive import groups_from_table
+
+    uri, groups = archive_with_copies_and_errors(tmp_path)
+    wanted = groups[41].problem_id  # one of the groups archived twice
+    mine = groups_from_table(read_archive(uri, problem_id=wanted))
+    theirs = [g for g in groups if g.problem_id == wanted]
+    assert [g.dispatch_id for g in mine] == [g.dispatch_id for g in theirs]  # archived twice, read once
+    def tokens(gs):
+        return [[list(map(int, r.completion_ids)) for r in g.rollouts] for g in gs]
+
+    assert tokens(mine) == tokens(theirs)
+    assert read_archive(uri, problem_id="never:archived").num_rows == 0
+
+
+def test_a_file_outside_a_version_folder_is_named_in_one_line(tmp_path):
+    archive = RolloutArchive(str(tmp_path / "archive"))
+    for g in make_groups(5):
+        archive.add(g, 0)
+    archive.close()
+    stray = tmp_path / "archive" / "part-by-hand.parquet"
+    stray.write_bytes(next((tmp_path / "archive").rglob("part-*.parquet")).read_bytes())
+    with pytest.raises(StorageError, match=f"archive file {stray} is not in a policy_version=<V> folder"):
+        read_archive(str(tmp_path / "archive"))
 
 
 def test_token_columns_are_written_without_a_dictionary_and_read_back_exactly(tmp_path):

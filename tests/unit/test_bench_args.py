@@ -19,6 +19,7 @@ from prl.cli import main
     (["real", "--first-seed", "-1"], "argument --first-seed: '-1' is not a whole number >= 0"),
     (["memory", "--prompts", "0"], "argument --prompts: '0' is not a whole number >= 1"),
     (["memory", "--learner", "--completion-tokens", "0"], "argument --completion-tokens: '0' is not a whole number >= 1"),
+    (["archive", "--groups", "0"], "argument --groups: '0' is not a whole number >= 1"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_wrong_benchmark_argument_is_one_line(capsys, argv, line):
     with pytest.raises(SystemExit) as exit_:
@@ -55,6 +56,19 @@ def test_the_memory_benchmark_of_a_learner_step_trains_the_same_both_ways(tmp_pa
     stored = json.loads((tmp_path / "m.json").read_text())
     assert stored["same_loss_and_grad_norm"] is True
     assert all(stored[way]["peak_mb"] >= stored[way]["before_step_mb"] > 0 for way in ("blocks", "whole"))
+
+
+def test_the_archive_benchmark_reads_the_same_outcomes_both_ways(tmp_path, capsys):
+    """`prl bench archive`: statistics and one problem read from the needed columns and files
+    find what reading the archive whole finds, each way in its own process."""
+    import json
+
+    assert main(["bench", "archive", "--groups", "40", "--tokens", "16", "--json", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "report, whatif (every outcome)" in out and "explain (one problem's groups)" in out and "both ways: True" in out
+    stored = json.loads((tmp_path / "a.json").read_text())
+    assert stored["same_results"] is True and stored["files"] == 3
+    assert all(stored[way]["peak_mb"] >= stored[way]["imports_mb"] > 0 for way in ("outcomes", "problem_whole"))
 
 
 def test_the_learning_benchmark_sets_each_strategy_beside_its_baselines(capsys, tmp_path):

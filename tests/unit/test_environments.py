@@ -181,10 +181,11 @@ def test_a_skyrl_gym_environment_runs_unchanged_through_the_adapter():
     assert e.reward == pytest.approx(1.0 + 0.2 / 3)  # its format score for the first turn, then the answer
 
 
-def test_inspect_replay_and_explain_show_an_episodes_turns_and_reward():
+def test_inspect_replay_and_explain_show_an_episodes_turns_and_reward(tmp_path):
     from prl.cli.explain import episode_lines
     from prl.cli.inspect import describe
     from prl.cli.replay import version_row
+    from prl.scheduler.archive import RolloutArchive, read_outcomes
     from prl.schemas import RolloutGroup
 
     backend = Scripted({7: ["<calc>3+4</calc>", "7"], 8: ["8"]})
@@ -193,7 +194,10 @@ def test_inspect_replay_and_explain_show_an_episodes_turns_and_reward():
     group = RolloutGroup("d", "p", 0, "producer-0", [7], 1.0, [e.rollout(backend) for e in episodes])
     view = describe(group, brief=True)
     assert view["turns"] == 2 and view["finish"] == {"stop": 2} and "<calc>3+4</calc>" in view["first_text"]
-    assert version_row(0, [group])["turns_mean"] == 2.0
+    archive = RolloutArchive(str(tmp_path / "archive"))
+    archive.add(group, 0)
+    archive.close()
+    assert version_row(0, read_outcomes(str(tmp_path / "archive")))["turns_mean"] == 2.0  # from the masks, tokens unread
     lines = episode_lines(group)
     assert len(lines) == 2 and "2 model turn(s), stop, reward 1" in lines[0] and "<calc>3+4</calc>" in lines[0]
 
