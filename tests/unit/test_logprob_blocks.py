@@ -137,3 +137,19 @@ def test_the_entropy_at_each_position_is_the_sampling_distributions(block, monke
         logp, entropy = train.token_scores(model, b)
         assert not entropy.requires_grad and logp.requires_grad
         assert torch.allclose(entropy * b.mask, expected.detach() * b.mask, atol=1e-5)
+
+
+def test_backward_recomputes_a_blocks_log_probs_and_not_its_entropy(monkeypatch):
+    """The entropy is a diagnostic without a gradient: computed once per block in the forward.
+    Backward's recompute of a block stops once it has what backward saved (torch's checkpoint
+    stops early), before the entropy, which comes last in ``scored``."""
+    monkeypatch.setattr(train, "LOGIT_BLOCK", 5 * VOCAB)  # 8 blocks
+    calls = []
+    real = train.entropy
+    monkeypatch.setattr(train, "entropy", lambda logits: calls.append(len(logits)) or real(logits))
+    model, b = tiny_model("llama"), batch()
+    expected, expected_grads = value_and_grads(whole_logits, model, b)
+    got, grads = value_and_grads(train.token_logprobs, model, b)
+    assert len(calls) == 8 and sum(calls) == b.targets.numel()
+    assert torch.allclose(got * b.mask, expected * b.mask, atol=1e-5)
+    assert all(torch.allclose(grads[n], g, atol=1e-5) for n, g in expected_grads.items())
