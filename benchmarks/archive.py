@@ -1,7 +1,7 @@
 """`prl bench archive`: reading a run's rollout archive for statistics (`prl replay report`,
-`whatif`: each group's problem, versions, rewards and turns) and for one problem (`prl explain`),
-against reading it whole as groups and picking from them (what both did before; what `prl replay
-train` and `publish` still do, since they need the tokens).
+`whatif`: each group's problem, versions, rewards and turns), for one problem (`prl explain`) and
+group by group with the tokens (`prl replay train`, `publish`), against reading it whole as groups
+and taking from them (what all three did before).
 
 The archive is synthetic and shaped like a GPU run's: ``--groups`` groups of 8 rollouts of
 ``--tokens`` completion tokens (ids, log-probs and text), 16 groups a policy version, written as the
@@ -48,7 +48,7 @@ def write_archive(uri: str, groups: int, tokens: int, seed: int = 0) -> int:
 
 def one_read(way: str, uri: str, problem: str) -> dict:
     """One read in this process: its seconds, the process's peak memory, and what it found."""
-    from prl.scheduler.archive import groups_from_table, read_archive, read_outcomes
+    from prl.scheduler.archive import ArchivedGroups, groups_from_table, read_archive, read_outcomes
 
     before, t0 = peak_mb(), time.perf_counter()
     if way == "outcomes":
@@ -57,8 +57,11 @@ def one_read(way: str, uri: str, problem: str) -> dict:
         found = [(g.problem_id, g.policy_version, g.rewards) for g in groups_from_table(read_archive(uri)) if g.rollouts]
     elif way == "problem":
         found = [g.dispatch_id for g in groups_from_table(read_archive(uri, problem_id=problem))]
-    else:  # problem_whole
+    elif way == "problem_whole":
         found = [g.dispatch_id for g in groups_from_table(read_archive(uri)) if g.problem_id == problem]
+    else:  # every group in order, tokens and all, each let go once counted (as batches are made)
+        groups = ArchivedGroups(uri) if way == "groups" else groups_from_table(read_archive(uri))
+        found = [(g.dispatch_id, sum(len(r.completion_ids) for r in g.rollouts)) for g in groups]
     return {"seconds": time.perf_counter() - t0, "peak_mb": peak_mb(), "imports_mb": before, "found": repr(found)}
 
 
@@ -73,12 +76,13 @@ def main(argv=None) -> int:
         files = write_archive(uri, args.groups, args.tokens)
         size = sum(p.stat().st_size for p in Path(uri).rglob("*.parquet"))
         results = {way: in_fresh_process(one_read, way, uri, "p:7")
-                   for way in ("outcomes", "outcomes_whole", "problem", "problem_whole")}
-    same = all(results[w].pop("found") == results[f"{w}_whole"].pop("found") for w in ("outcomes", "problem"))
+                   for way in ("outcomes", "outcomes_whole", "problem", "problem_whole", "groups", "groups_whole")}
+    same = all(results[w].pop("found") == results[f"{w}_whole"].pop("found") for w in ("outcomes", "problem", "groups"))
     print(f"rollout archive: {args.groups:,} groups x 8 rollouts x {args.tokens:,} tokens, {files} files, "
           f"{size / 1e6:,.0f} MB of Parquet")
     print(f"{'read':<34}{'prl: s, peak MB':>18}{'whole: s, peak MB':>20}")
-    for way, label in (("outcomes", "report, whatif (every outcome)"), ("problem", "explain (one problem's groups)")):
+    for way, label in (("outcomes", "report, whatif (every outcome)"), ("problem", "explain (one problem's groups)"),
+                       ("groups", "train, publish (every group)")):
         ours, whole = results[way], results[f"{way}_whole"]
         print(f"{label:<34}{ours['seconds']:>10.2f}{ours['peak_mb']:>8,.0f}{whole['seconds']:>12.2f}{whole['peak_mb']:>8,.0f}")
     print(f"a fresh process's imports: {results['outcomes']['imports_mb']:,.0f} MB; the same results both ways: {same}")

@@ -5,6 +5,7 @@ learner decodes, dead-letters and deduplicates in one place."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 import fsspec
 import pyarrow as pa
@@ -30,35 +31,44 @@ class TopicSource:
 
 
 class FileSource:
-    """TrainBatch records from an Arrow IPC file written by :func:`write_batches`."""
+    """TrainBatch records from an Arrow IPC file written by :func:`write_batches`, read a record
+    batch at a time (a file of a long archive's batches need not fit in memory)."""
 
     def __init__(self, uri: str):
-        from prl.transport import Message
-
-        with fsspec.open(uri, "rb") as f:
-            table = pa.ipc.open_stream(f.read()).read_all()
-        self.messages = [
-            Message(uri, 0, i, None, encode_table(table.slice(i, 1)), [])
-            for i in range(table.num_rows)
-        ]
+        self.uri = uri
+        self.file = fsspec.open(uri, "rb").open()
+        self.reader = pa.ipc.open_stream(self.file)
+        self.rows: list[pa.Table] = []  # read, not yet handed out
         self.position = 0
 
     def next(self, timeout_s: float):
-        if self.position >= len(self.messages):
-            return None, True
+        from prl.transport import Message
+
+        while not self.rows:
+            try:
+                batch = self.reader.read_next_batch()
+            except StopIteration:
+                return None, True
+            table = pa.Table.from_batches([batch], self.reader.schema)
+            self.rows = [table.slice(i, 1) for i in range(table.num_rows)]
         self.position += 1
-        return self.messages[self.position - 1], False
+        return Message(self.uri, 0, self.position - 1, None, encode_table(self.rows.pop(0)), []), False
 
     def commit(self) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        self.file.close()
 
 
-def write_batches(uri: str, batches: list[TrainBatch]) -> None:
-    with fsspec.open(uri, "wb") as f:
-        f.write(encode_table(to_table(batches, TrainBatch)))
+def write_batches(uri: str, batches: Iterable[TrainBatch]) -> int:
+    """Write ``batches`` as they come to an Arrow IPC file, a record batch each; how many."""
+    written = 0
+    with fsspec.open(uri, "wb") as f, pa.ipc.new_stream(f, to_table([], TrainBatch).schema) as writer:
+        for b in batches:
+            writer.write_table(to_table([b], TrainBatch))
+            written += 1
+    return written
 
 
 class GroupCache:

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -128,13 +130,28 @@ def read_archive(uri: str, columns: tuple[str, ...] | None = None, problem_id: s
     ``rollouts.list.element.reward``; a path an older file lacks is left out of it), None for
     all: statistics over a run's archive read a few bytes a group instead of its tokens.
     ``problem_id``: that problem's rows alone, read whole from the files that hold it."""
+    fs, files = archive_files(uri)
+    wanted = None if columns is None else list(dict.fromkeys((*ORDER_COLUMNS, *columns)))
+    return in_order(uri, [t for t in read_parts(fs, files, wanted, problem_id) if t is not None])
+
+
+def archive_files(uri: str) -> tuple:
+    """(the filesystem, every Parquet file of the archive); FileNotFoundError where there is none."""
     fs, path = fsspec.core.url_to_fs(uri.rstrip("/"))
-    files = [f for f in fs.find(path) if f.endswith(".parquet")]
+    files = sorted(f for f in fs.find(path) if f.endswith(".parquet"))
     if not files:
         raise FileNotFoundError(f"no Parquet files under {uri}")
-    wanted = None if columns is None else list(dict.fromkeys((*ORDER_COLUMNS, *columns)))
+    return fs, files
+
+
+def read_parts(fs, files: list[str], columns: list[str] | None, problem_id: str | None) -> list[pa.Table | None]:
+    """``read_part`` of each file, READ_THREADS at a time."""
     with ThreadPoolExecutor(READ_THREADS) as pool:
-        parts = [t for t in pool.map(lambda f: read_part(fs, f, wanted, problem_id), files) if t is not None]
+        return list(pool.map(lambda f: read_part(fs, f, columns, problem_id), files))
+
+
+def in_order(uri: str, parts: list[pa.Table]) -> pa.Table:
+    """The files' tables as one, in acceptance order, each dispatch once."""
     if not parts:
         return ARCHIVE_SCHEMA.empty_table().append_column("policy_version", pa.array([], pa.int64()))
     try:
@@ -214,6 +231,34 @@ def read_outcomes(uri: str) -> list[GroupOutcome]:
     turns = [model_turns(mask_values[a:b]) for a, b in zip(mask_bounds[:-1], mask_bounds[1:])]
     columns = zip(table["problem_id"].to_pylist(), table["policy_version"].to_pylist(), table["learner_version"].to_pylist())
     return [GroupOutcome(pid, v, lv, rewards[a:b], turns[a:b]) for (pid, v, lv), a, b in zip(columns, bounds[:-1], bounds[1:])]
+
+
+class ArchivedGroups:
+    """Every archived group, tokens and all, in acceptance order, each dispatch once (as
+    ``read_archive`` gives them), read a file at a time: a file is read when its first group is
+    due and let go after its last, so what is held is the files of one moment of the run (the
+    versions a snapshot flushed together), not the archive."""
+
+    def __init__(self, uri: str):
+        self.fs, self.files = archive_files(uri)
+        parts = read_parts(self.fs, self.files, list(ORDER_COLUMNS), None)
+        order = in_order(uri, [t.append_column("file", pa.array(np.full(t.num_rows, i), pa.int32()))
+                                .append_column("row", pa.array(np.arange(t.num_rows), pa.int32())) for i, t in enumerate(parts)])
+        self.order = list(zip(order["file"].to_pylist(), order["row"].to_pylist()))
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self) -> Iterator[RolloutGroup]:
+        remaining = Counter(f for f, _ in self.order)
+        held: dict[int, list[RolloutGroup]] = {}
+        for f, row in self.order:
+            if f not in held:
+                held[f] = groups_from_table(read_part(self.fs, self.files[f], None, None))
+            yield held[f][row]
+            remaining[f] -= 1
+            if not remaining[f]:
+                del held[f]
 
 
 def groups_from_table(table: pa.Table) -> list[RolloutGroup]:

@@ -11,16 +11,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import math
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from prl.formulas import bernoulli_variance, group_outcome, has_signal
-from prl.scheduler.archive import GroupOutcome, groups_from_table, read_archive, read_outcomes
+from prl.scheduler.archive import ArchivedGroups, GroupOutcome, read_outcomes
 from prl.schemas import RolloutGroup, TrainBatch
 from prl.schemas.config import BUILTIN_STRATEGIES
 
@@ -29,12 +32,6 @@ def _progress(total: int, desc: str, enabled: bool = True, unit: str = "group"):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, disable=not enabled)
-
-
-def load_groups(uri: str) -> list[RolloutGroup]:
-    """Served groups of the archive, in acceptance order, tokens and all (for training; the
-    statistics read ``read_outcomes``)."""
-    return [g for g in groups_from_table(read_archive(uri)) if not g.error and g.rollouts]
 
 
 def difficulty(problem_id: str) -> str:
@@ -181,21 +178,24 @@ def format_whatif(res: dict) -> str:
 
 
 # -- publish / train -------------------------------------------------------------------------
-def to_batches(groups: list[RolloutGroup], cfg) -> list[TrainBatch]:
+def to_batches(groups: Iterable[RolloutGroup], cfg) -> Iterator[TrainBatch]:
     """The groups, in archive order, as TrainBatches (fresh only: the archive has no replay) of
-    ``scheduler.groups_per_batch`` groups within the token budget of one message.
+    ``scheduler.groups_per_batch`` groups within the token budget of one message, made as the
+    groups come.
 
     Batch ``seq`` is stamped with policy version ``seq``, the version a learner starting from
     scratch has when it takes it, so its staleness filter keeps every archived rollout (the
     original versions belong to another run's clock); the behaviour log-probs are kept."""
-    import dataclasses
-
     from prl.scheduler.batches import compose_batch
     from prl.scheduler.service import BATCH_BYTES_PER_TOKEN
 
     per_batch, max_tokens = cfg.scheduler.groups_per_batch, cfg.transport.kafka.max_message_bytes // BATCH_BYTES_PER_TOKEN
-    batches, pending, seq, generated = [], [g for g in groups if g.has_completions], 0, 0
-    while pending:
+    source = (g for g in groups if g.has_completions)
+    pending, seq, generated = [], 0, 0
+    while True:
+        pending += itertools.islice(source, max(0, per_batch - len(pending)))
+        if not pending:
+            return
         chunk, pending = pending[:per_batch], pending[per_batch:]
         chunk = [dataclasses.replace(g, policy_version=seq) for g in chunk]
         generated += sum(len(g.rollouts) for g in chunk)
@@ -203,35 +203,42 @@ def to_batches(groups: list[RolloutGroup], cfg) -> list[TrainBatch]:
                              max_tokens=max_tokens, buffer=None, replay_ratio=0.0, warmup_updates=0)
         pending = comp.leftover + pending
         if comp.batch is not None:
-            batches.append(comp.batch)
+            yield comp.batch
             seq += 1
-    return batches
 
 
 def publish(cfg, transport, uri: str, rate: float, progress: bool = True) -> int:
     """Archived groups as batches on ``<run>.batches``, at most ``rate`` batches per second. The
     command is the run's batch writer while it publishes: it claims a scheduler epoch (a running
     scheduler of the run is fenced) and stamps it on every batch."""
-    import dataclasses
-
     from prl import epochs
     from prl.schemas import encode, headers
     from prl.schemas.topics import BATCHES, topic_name
 
     epoch = epochs.claim(cfg.run.run_dir, "scheduler")
-    batches = [dataclasses.replace(b, epoch=epoch) for b in to_batches(load_groups(uri), cfg)]
+    groups = ArchivedGroups(uri)
     transport.ensure_topics(cfg.run.name)
     pub = transport.publisher()
-    with _progress(len(batches), "publish", progress, unit="batch") as bar:
-        for b in batches:
+    published = 0
+    with _progress(len(groups), "publish", progress) as bar:
+        for b in to_batches(counted(groups, bar), cfg):
             t0 = time.monotonic()
+            b = dataclasses.replace(b, epoch=epoch)
             pub.publish(topic_name(cfg.run.name, BATCHES), encode(b), headers=headers(b))
             pub.flush()
-            bar.update(1)
+            published += 1
             if rate > 0:
                 time.sleep(max(0.0, 1.0 / rate - (time.monotonic() - t0)))  # the rate limit itself
     pub.close()
-    return len(batches)
+    return published
+
+
+def counted(groups: ArchivedGroups, bar) -> Iterator[RolloutGroup]:
+    """The served groups, each counted on ``bar`` as it is read."""
+    for g in groups:
+        bar.update(1)
+        if not g.error and g.rollouts:
+            yield g
 
 
 def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
@@ -246,21 +253,22 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
 
     if list_checkpoints(out_dir):
         raise UsageError(f"{out_dir} already holds checkpoints (a run lives there); choose a new directory with --out")
-    batches = to_batches(load_groups(uri), cfg)
+    groups = ArchivedGroups(uri)
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/batches.arrow"
-        write_batches(path, batches)
+        with _progress(len(groups), "batches", progress) as bar:
+            batches = write_batches(path, to_batches(counted(groups, bar), cfg))
         cfg = cfg.model_copy(update={
             "run": cfg.run.model_copy(update={"run_dir": out_dir}),
-            "learner": cfg.learner.model_copy(update={"max_steps": max(1, len(batches))})})
+            "learner": cfg.learner.model_copy(update={"max_steps": max(1, batches)})})
         learner = Learner(cfg, MemoryTransport(), batches_from=path)
-        with _progress(len(batches), "train", progress, unit="batch") as bar:
+        with _progress(batches, "train", progress, unit="batch") as bar:
             done = False
             while not done:
                 done = learner.step()
                 bar.update(learner.version - bar.n)
         learner.close()
-    return {"batches": len(batches), "steps": learner.version, "run_dir": out_dir, "checkpoint": learner.checkpoint_uri}
+    return {"batches": batches, "steps": learner.version, "run_dir": out_dir, "checkpoint": learner.checkpoint_uri}
 
 
 def train_dir(args, cfg) -> str:

@@ -184,3 +184,27 @@ def test_token_columns_are_written_without_a_dictionary_and_read_back_exactly(tm
     for g in groups:
         for r, b in zip(g.rollouts, back[g.dispatch_id].rollouts):
             assert np.array_equal(r.completion_ids, b.completion_ids) and np.array_equal(r.logprobs, b.logprobs)
+
+
+def test_the_archive_streams_whole_groups_in_order_a_file_at_a_time(tmp_path, monkeypatch):
+    """`prl replay train` and `publish` take every group, tokens and all, in the order and with
+    the copies dropped as the whole table gives them, each file read whole once, when its first
+    group is due."""
+    from prl.scheduler import archive as archive_module
+    from prl.scheduler.archive import ArchivedGroups, groups_from_table
+
+    uri, _ = archive_with_copies_and_errors(tmp_path)
+    expected = groups_from_table(read_archive(uri))
+    whole_reads = []
+    real = archive_module.read_part
+    monkeypatch.setattr(archive_module, "read_part", lambda fs, path, columns, problem_id: (
+        whole_reads.append(path) if columns is None else None) or real(fs, path, columns, problem_id))
+    groups = ArchivedGroups(uri)
+    assert len(groups) == len(expected) == 60 and whole_reads == []
+    stream = iter(groups)
+    first = next(stream)
+    assert first.dispatch_id == expected[0].dispatch_id and len(whole_reads) == 1
+    rest = list(stream)
+    assert [g.dispatch_id for g in [first, *rest]] == [g.dispatch_id for g in expected]
+    assert [g.rewards for g in [first, *rest]] == [g.rewards for g in expected]
+    assert len(whole_reads) == len(set(whole_reads))  # no file read whole twice

@@ -59,13 +59,13 @@ def test_the_memory_benchmark_of_a_learner_step_trains_the_same_both_ways(tmp_pa
 
 
 def test_the_archive_benchmark_reads_the_same_outcomes_both_ways(tmp_path, capsys):
-    """`prl bench archive`: statistics and one problem read from the needed columns and files
-    find what reading the archive whole finds, each way in its own process."""
+    """`prl bench archive`: statistics, one problem and the groups streamed a file at a time find
+    what reading the archive whole finds, each way in its own process."""
     import json
 
     assert main(["bench", "archive", "--groups", "40", "--tokens", "16", "--json", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
-    assert "report, whatif (every outcome)" in out and "explain (one problem's groups)" in out and "both ways: True" in out
+    assert "report, whatif (every outcome)" in out and "train, publish (every group)" in out and "both ways: True" in out
     stored = json.loads((tmp_path / "a.json").read_text())
     assert stored["same_results"] is True and stored["files"] == 3
     assert all(stored[way]["peak_mb"] >= stored[way]["imports_mb"] > 0 for way in ("outcomes", "problem_whole"))
