@@ -70,42 +70,52 @@ def restore_optimizer(optimizer, shards: list[dict], param_groups: list, d=None)
     optimizer.load_state_dict({"state": state, "param_groups": param_groups})
 
 
-def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: dict, base_model_dir: Path, keep: int,
-                     d=None) -> str:
-    """Write one checkpoint and move ``latest`` to it; return the checkpoint's URI.
-
-    Under FSDP every rank calls this: each writes its optimizer shard, rank 0 writes the
-    gathered weights, the state and (after collecting the other shards' checksums) the
-    manifest and ``latest``."""
-
-    rank, world = (d.rank, d.world) if d is not None else (0, 1)
-    name = checkpoint_name(step)
+def checkpoint_files(step: int, weights: dict, optimizer, state: dict, base_model_dir: Path, rank: int = 0,
+                     world: int = 1, copy: bool = False) -> dict[str, dict | bytes]:
+    """This rank's files of the checkpoint of ``step``: its optimizer shard, and on rank 0 the
+    weights, the state and the base model's config and tokenizer files (tensors stay tensors
+    until written). ``copy``: every tensor copied to host memory first, so the files can be
+    written while training changes the originals."""
     opt_tensors, param_groups = optimizer_tensors(optimizer) if optimizer is not None else ({}, [])
-    shard_name = optimizer_shard_name(rank, world)
-    digest = storage.write_file(root(run_dir), name, shard_name, storage.safetensors_chunks(opt_tensors))
-    if d is not None:
-        from prl.learner.distributed import all_gather_strings
-
-        digests = all_gather_strings(digest, d)
-    else:
-        digests = [digest]
-    uri = root(run_dir).rstrip("/") + "/" + name
+    files: dict[str, dict | bytes] = {optimizer_shard_name(rank, world): host_copy(opt_tensors) if copy else opt_tensors}
     if rank == 0:
-        files: dict[str, bytes] = {
-            storage.CHECKPOINT_WEIGHTS: storage.safetensors_chunks(weights),
-            storage.CHECKPOINT_STATE: json.dumps({**state, "step": step, "param_groups": param_groups, "world_size": world}).encode(),
-        }
+        files[storage.CHECKPOINT_WEIGHTS] = host_copy(weights) if copy else weights
+        files[storage.CHECKPOINT_STATE] = json.dumps({**state, "step": step, "param_groups": param_groups,
+                                                      "world_size": world}).encode()
         for fname in MODEL_FILES:
             if (base_model_dir / fname).exists():
                 files[fname] = (base_model_dir / fname).read_bytes()
-        written = {optimizer_shard_name(r, world): h for r, h in enumerate(digests)}
-        uri = storage.write_versioned(root(run_dir), name, files, keep, meta={"step": step}, written=written,
-                                      prune_in_background=True)  # the next step need not wait for deletions
-    if d is not None:
-        from prl.learner.distributed import barrier
+    return files
 
-        barrier(d)
-    return uri
+
+def host_copy(tensors: dict) -> dict:
+    return {name: t.detach().to("cpu", copy=True) for name, t in tensors.items()}
+
+
+def write_files(run_dir: str, step: int, files: dict[str, dict | bytes]) -> dict[str, str]:
+    """Write files of the checkpoint of ``step`` (tensors as safetensors); {file name: checksum}.
+    No manifest and no ``latest``: it is not a checkpoint until ``complete_checkpoint``."""
+    return {fname: storage.write_file(root(run_dir), checkpoint_name(step), fname,
+                                      storage.safetensors_chunks(data) if isinstance(data, dict) else data)
+            for fname, data in files.items()}
+
+
+def complete_checkpoint(run_dir: str, step: int, written: dict[str, str], keep: int) -> str:
+    """Once every file of every rank is written (``written``: file name -> checksum), the
+    manifest over them, then ``latest``; checkpoints older than the ``keep`` newest are deleted
+    in the background. Returns the checkpoint's URI."""
+    return storage.write_versioned(root(run_dir), checkpoint_name(step), {}, keep, meta={"step": step}, written=written,
+                                   prune_in_background=True)  # the next step need not wait for deletions
+
+
+def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: dict, base_model_dir: Path, keep: int) -> str:
+    """Write a single process's checkpoint now, whole, and make it the latest; its URI."""
+    files = checkpoint_files(step, weights, optimizer, state, base_model_dir)
+    return complete_checkpoint(run_dir, step, write_files(run_dir, step, files), keep)
+
+
+def checkpoint_uri(run_dir: str, step: int) -> str:
+    return root(run_dir).rstrip("/") + "/" + checkpoint_name(step)
 
 
 def list_checkpoints(run_dir: str) -> list[str]:

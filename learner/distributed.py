@@ -84,12 +84,13 @@ def broadcast_bytes(data: bytes | None, d: Dist) -> bytes | None:
 
 
 def all_gather_strings(value: str, d: Dist) -> list[str]:
-    """Every rank's short string (e.g. a checksum), in rank order."""
+    """Every rank's short string (e.g. a checksum, or ""), in rank order."""
     import torch.distributed as tdist
 
     raw = value.encode()
     t = torch.zeros(256, dtype=torch.uint8)
-    t[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    if raw:
+        t[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     dev = comm_device(d)
     out = [torch.zeros(256, dtype=torch.uint8, device=dev) for _ in range(d.world)]
     tdist.all_gather(out, t.to(dev))

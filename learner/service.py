@@ -12,9 +12,10 @@ Loop, top to bottom:
   4. publish the new version (the weights in ``model.dtype``, as a sparse delta where that is
      smaller, or the LoRA adapter alone; prl/policy.py) and announce it with a PolicyVersion
      carrying its checksum;
-  5. every ``checkpoint_every`` steps write a checkpoint (float32 weights, optimizer state,
-     counters) and commit the batch offsets it covers (so a restarted learner neither skips
-     nor repeats a batch).
+  5. every ``checkpoint_every`` steps checkpoint (float32 weights, optimizer state, counters):
+     copied to host memory in the step, written on a background thread while training goes on,
+     made the latest at a step boundary once whole; then the batch offsets it covers are
+     committed (so a restarted learner neither skips nor repeats a batch).
 
 The learner only learns: held-out evaluation is the generation fleet's (scheduler/evaluation.py).
 
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -56,6 +59,19 @@ KEEP_CHECKPOINTS = 3
 # when the learner trains there), and on a GPU a step can be faster than encoding and writing a
 # version on the host: past this the learner waits (its publish_seconds say how long).
 UNWRITTEN_VERSIONS = 2
+HOST_SHARE_FOR_CHECKPOINTS = 0.5  # a checkpoint is written in the background where its host copy takes at most this share
+
+
+@dataclass
+class Checkpointing:
+    """A checkpoint whose files a background thread is writing."""
+
+    step: int
+    files: Future  # -> {file name: checksum} of this rank's files
+    positions: dict | None  # the batch offsets it covers (the main rank's), committed once it is the latest
+    started: float
+
+
 MEMORY_FIX = "train a LoRA adapter (learner.lora_rank), or shard the learner over more GPUs (torchrun, deploy/k8s/README)"
 
 
@@ -88,7 +104,11 @@ class Learner(Service):
         self.writer = PolicyWriter(cfg.run.run_dir, cfg.model.dtype)
         self.outgoing: deque = deque()  # (version, last batch seq, future of its write), oldest first
         self.unacknowledged_announcement = False
-        self.stop_unless_it_fits(distributed.memory_report(self.model, self.dist))
+        report = distributed.memory_report(self.model, self.dist)
+        self.stop_unless_it_fits(report)
+        self.checkpoints_in_background = self.host_holds_a_checkpoint(report)
+        self.checkpoint_writer = ThreadPoolExecutor(1, thread_name_prefix="prl-checkpoint")
+        self.checkpointing: Checkpointing | None = None
         if self.is_main:
             self.log_precision()
         self.source, self.exhausted, self.groups = None, False, None  # groups: claim-check batches' rollouts, made on first use
@@ -108,6 +128,19 @@ class Learner(Service):
             raise ServiceStopped(f"the learner's weights, gradients and AdamW state take {report['total_bytes'] / 2**30:.1f} "
                                  f"GiB (16 bytes a trained parameter) and {self.device} has {have / 2**30:.1f} GiB: "
                                  f"{MEMORY_FIX}")
+
+    def host_holds_a_checkpoint(self, report: dict) -> bool:
+        """Whether a checkpoint's copy in host memory (float32 weights, AdamW's moments; on a CPU
+        besides the learner's own state) takes at most HOST_SHARE_FOR_CHECKPOINTS of the host's
+        memory; where it does not, checkpoints are written in the step, from the state itself."""
+        whole = report["parameter_bytes"] * report["world"]  # under FSDP rank 0 gathers the whole model's weights
+        weights = report["gradient_bytes"] if self.lora else whole if self.is_main else 0
+        copy = weights + report["optimizer_bytes"] + (report["total_bytes"] if self.device.type == "cpu" else 0)
+        host = memory_bytes(torch.device("cpu"))
+        background = copy <= HOST_SHARE_FOR_CHECKPOINTS * host
+        self.log.info("checkpoint_writes", background=background, host_copy_gib=round(copy / 2**30, 2),
+                      host_gib=round(host / 2**30, 1))
+        return background
 
     def log_precision(self) -> None:
         """Say once where and in what precision training runs (float32 master weights and AdamW
@@ -277,6 +310,7 @@ class Learner(Service):
         elif data is not None:
             self.train_on(decode(data, TrainBatch))
         done = self.version >= self.cfg.learner.max_steps or self.exhausted
+        self.complete_checkpoint(wait=done)
         if done:
             self.announce_written(wait=True)  # the last versions go out before the learner is done
             self.publisher.flush()
@@ -413,23 +447,69 @@ class Learner(Service):
                                  "(one learner per run: check that its StatefulSet has one replica)")
 
     def save(self) -> None:
+        """Checkpoint this step: its state copied to host memory now and written by a background
+        thread while training goes on (written now, from the state itself, where the host cannot
+        hold the copy); it becomes the latest at a step boundary once whole (``complete_checkpoint``).
+        One at a time: one still being written is waited for first."""
+        self.complete_checkpoint(wait=True)
+        if self.saved_version == self.version:
+            return
         if self.is_main:
             self.stop_if_replaced()
         state = {"last_batch_seq": self.last_seq, "rollouts_generated": self.rollouts_generated, "counters": self.counters,
                  "trained_rollouts": list(self.trained)}
-        self.checkpoint_uri = checkpoint.write_checkpoint(
-            self.cfg.run.run_dir, self.version, self.policy_tensors(), self.optimizer, state,
-            resolve_model_dir(self.cfg.model.path), KEEP_CHECKPOINTS, self.dist,
-        )
-        self.saved_version = self.version
-        if self.is_main:  # offsets move with checkpoints: a restart re-reads what the checkpoint lacks
-            self.deliver(self.source)
+        files = checkpoint.checkpoint_files(self.version, self.policy_tensors(), self.optimizer, state,
+                                            resolve_model_dir(self.cfg.model.path), *self.rank_and_world(),
+                                            copy=self.checkpoints_in_background)
+        self.checkpointing = Checkpointing(self.version, self.checkpoint_writer.submit(
+            checkpoint.write_files, self.cfg.run.run_dir, self.version, files), self.source.positions() if self.is_main else None,
+            time.perf_counter())
+        if not self.checkpoints_in_background:
+            self.complete_checkpoint(wait=True)
+
+    def complete_checkpoint(self, wait: bool = False) -> None:
+        """Make the checkpoint being written the latest once every rank's files are written
+        (``wait``: wait for this rank's; under torchrun the ranks agree here, at the same point of
+        the same step), then commit the batch offsets it covers: a restart re-reads what the
+        latest checkpoint lacks. A write that failed raises here; the checkpoint before stays the latest."""
+        pending = self.checkpointing
+        if pending is None:
+            return
+        if wait or pending.files.done():
+            self.checkpointing = None if pending.files.exception() else pending  # exception() waits for it
+            written = pending.files.result()
+        else:
+            written = {}
+        shards = [written.get(checkpoint.optimizer_shard_name(*self.rank_and_world()), "")]
+        if self.dist is not None:
+            shards = distributed.all_gather_strings(shards[0], self.dist)  # "" from a rank still writing
+        if not all(shards):
+            return
+        self.checkpointing = None
+        if self.is_main:
+            self.stop_if_replaced()
+            written.update({checkpoint.optimizer_shard_name(r, len(shards)): digest for r, digest in enumerate(shards)})
+            checkpoint.complete_checkpoint(self.cfg.run.run_dir, pending.step, written, KEEP_CHECKPOINTS)
+            self.emit({"checkpoint_write_seconds": time.perf_counter() - pending.started}, step=pending.step)
+        self.checkpoint_uri, self.saved_version = checkpoint.checkpoint_uri(self.cfg.run.run_dir, pending.step), pending.step
+        if self.is_main:
+            self.deliver(self.source, pending.positions)
+
+    def rank_and_world(self) -> tuple[int, int]:
+        return (self.dist.rank, self.dist.world) if self.dist is not None else (0, 1)
 
     def gauges(self) -> dict:
         return {**self.counters, "version": self.version, "last_batch_seq": self.last_seq,
                 "rollouts_generated": self.rollouts_generated}
 
     def close(self) -> None:
+        try:
+            if self.dist is None:
+                self.complete_checkpoint(wait=True)
+            elif self.checkpointing is not None:  # ranks stop at different points: no collective, and the
+                self.checkpointing.files.result()  # next learner starts from the checkpoint before
+        finally:
+            self.checkpoint_writer.shutdown()
         if self.is_main:
             self.announce_written(wait=True)
         if self.source is not None:

@@ -17,14 +17,22 @@ from prl.schemas.records import encode_table, to_table
 class TopicSource:
     def __init__(self, subscriber):
         self.subscriber = subscriber
+        self.consumed: dict[tuple[str, int], int] = {}  # (topic, partition) -> the next offset to read
 
     def next(self, timeout_s: float):
         """(message or None, exhausted): at most one batch message."""
         msgs = self.subscriber.poll(timeout_s, max_records=1)
+        for m in msgs:
+            self.consumed[(m.topic, m.partition)] = m.offset + 1
         return (msgs[0] if msgs else None), False
 
-    def commit(self) -> None:
-        self.subscriber.commit()
+    def positions(self) -> dict[tuple[str, int], int]:
+        """What a commit now would acknowledge: every batch handed out so far."""
+        return dict(self.consumed)
+
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
+        if offsets is None or offsets:  # {}: nothing handed out, nothing to acknowledge
+            self.subscriber.commit(offsets)
 
     def close(self) -> None:
         self.subscriber.close()
@@ -54,7 +62,10 @@ class FileSource:
         self.position += 1
         return Message(self.uri, 0, self.position - 1, None, encode_table(self.rows.pop(0)), []), False
 
-    def commit(self) -> None:
+    def positions(self) -> None:
+        return None
+
+    def commit(self, offsets=None) -> None:
         pass
 
     def close(self) -> None:

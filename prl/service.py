@@ -171,13 +171,13 @@ class Service:
     def close(self) -> None:
         self.publisher.close()
 
-    def deliver(self, subscriber) -> None:
+    def deliver(self, subscriber, offsets: dict[tuple[str, int], int] | None = None) -> None:
         """Wait for the broker to acknowledge everything published (dead letters included), then
-        commit what ``subscriber`` has polled: an offset is never committed past work that is
-        not on a topic. A TransportError keeps the unacknowledged messages; the step that
-        retries sends them again."""
+        commit what ``subscriber`` has polled (or ``offsets``, where the work done covers less):
+        an offset is never committed past work that is not on a topic. A TransportError keeps the
+        unacknowledged messages; the step that retries sends them again."""
         self.publisher.flush()
-        subscriber.commit()
+        subscriber.commit(offsets)
 
     def run(self, stop: threading.Event | None = None, http: str = "", when_finished: str = "exit") -> None:
         """Step until finished or ``stop``; serve /health and /metrics on ``http`` (host:port) if given.

@@ -6,7 +6,7 @@ import argparse
 import math
 
 BENCHMARKS = ("scheduler", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights", "memory",
-              "snapshots", "faults", "gpu", "archive")
+              "snapshots", "faults", "gpu", "archive", "checkpoint")
 
 
 def number_type(convert, ok, what: str):

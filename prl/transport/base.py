@@ -55,8 +55,9 @@ class Subscriber(abc.ABC):
         """Next messages (possibly none after ``timeout_s``), in offset order per partition."""
 
     @abc.abstractmethod
-    def commit(self) -> None:
-        """Acknowledge everything returned by ``poll`` so far (group subscribers only)."""
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
+        """Acknowledge everything returned by ``poll`` so far, or with ``offsets`` ({(topic,
+        partition): the next offset to read}) exactly that much (group subscribers only)."""
 
     @abc.abstractmethod
     def caught_up(self) -> bool:

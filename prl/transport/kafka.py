@@ -280,12 +280,15 @@ class KafkaSubscriber(Subscriber):
                         hint="the group's rebalance does not complete (a member that does not answer, or "
                              "fewer partitions than members); see the broker's group state")
 
-    def commit(self):
+    def commit(self, offsets=None):
+        from kafka import TopicPartition
         from kafka.errors import KafkaError
+        from kafka.structs import OffsetAndMetadata
 
         if self.group is not None:
             try:
-                self._consumer.commit()
+                self._consumer.commit(None if offsets is None else {
+                    TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()})
             except KafkaError as exc:
                 raise TransportError(f"commit failed: {type(exc).__name__}: {exc}") from None
 

@@ -120,10 +120,11 @@ class MemorySubscriber(Subscriber):
         ends = {(t, p): end for t in self.topics for p, end in enumerate(self.broker.end_offsets(t))}
         return all(self.positions.get((None, t, p), 0) >= end for (t, p), end in ends.items())
 
-    def commit(self):
+    def commit(self, offsets=None):
         if self.group is not None:
             with self.broker._cond:
-                self.broker.committed.update(self.polled)
+                self.broker.committed.update(self.polled if offsets is None else
+                                             {(self.group, t, p): o for (t, p), o in offsets.items()})
 
 
 class MemoryReader(Reader):

@@ -29,7 +29,8 @@ SMALL = {
 }
 ELSEWHERE = {  # entries whose small-size test lives beside their other tests
     "learning": "tests/unit/test_bench_args.py", "memory": "tests/unit/test_bench_args.py",
-    "gpu": "tests/unit/test_bench_gpu.py",
+    "archive": "tests/unit/test_bench_args.py", "gpu": "tests/unit/test_bench_gpu.py",
+    "checkpoint": "below: test_the_checkpoint_benchmark_runs_the_learner_both_ways_on_both_stores",
 }
 
 
@@ -67,3 +68,14 @@ def test_the_real_benchmark_runs_the_tool_using_task(tmp_path, capsys):
                  "--png", str(tmp_path / "curve.png"), "--json", str(out)]) == 0
     assert json.loads(out.read_text())["runs"][0]["steps"] >= 0
     assert "calculator" in capsys.readouterr().out
+
+
+def test_the_checkpoint_benchmark_runs_the_learner_both_ways_on_both_stores(tmp_path, capsys):
+    """`prl bench checkpoint`: the learner with its checkpoints written in the background and in
+    the step, on local disk and an S3 server, each in its own process, every checkpoint counted."""
+    assert main(["bench", "checkpoint", "--steps", "2", "--checkpoint-every", "1", "--json", str(tmp_path / "c.json")]) == 0
+    assert "in the step" in capsys.readouterr().out
+    stored = json.loads((tmp_path / "c.json").read_text())
+    for way in ("local/background", "local/in_step", "s3/background", "s3/in_step"):
+        assert stored[way]["checkpoints"] == 2 and stored[way]["background"] == way.endswith("background")
+    assert len(stored["s3/background"]["written_s"]) == 2

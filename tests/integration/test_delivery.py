@@ -9,6 +9,7 @@ from prl.transport import TransportError
 from prl.transport.memory import MemoryBroker, MemoryPublisher, MemoryTransport
 from prl.schemas import Dispatch, RolloutGroup, TrainBatch, decode, encode, topic_name
 from prl.schemas.topics import BATCHES, PROBLEMS, ROLLOUTS
+from tests.integration.test_fencing import rebalance
 from tests.integration.test_pipeline import small_config
 from tests.support.servers import wait_until
 
@@ -141,7 +142,7 @@ def test_a_problem_nobody_answers_is_retired_after_its_capped_attempts(tmp_path)
 def test_bad_batches_are_dead_lettered_without_a_flush_each_and_committed_after_one(tmp_path):
     """The learner dead-letters a flood of bad batch messages at the rate it reads them: no
     flush (a broker round trip) for each; the dead letters reach their topic with the flush of
-    its next checkpoint, and only then are the batch offsets committed past them."""
+    its next checkpoint, and only once that is whole are the batch offsets committed past them."""
     from prl.learner.service import Learner
     from prl.schemas import DeadLetter
     from prl.schemas.topics import DEADLETTER
@@ -164,6 +165,111 @@ def test_bad_batches_are_dead_lettered_without_a_flush_each_and_committed_after_
     assert flushes == [] and learner.publisher.unacknowledged == 50
     assert not broker.committed, "offsets committed past dead letters not on their topic"
     broker.append(batches, encode(TrainBatch("b0", 0, 0, 0, random_rollouts(8, seed=0))), b"k", [])
-    wait_until(lambda: learner.step() or learner.version == 1, 30, "the good batch trained")
+    wait_until(lambda: learner.step() or learner.saved_version == 1, 30, "the good batch trained and checkpointed")
     assert len(records(broker, topic_name(cfg.run.name, DEADLETTER), DeadLetter)) == 50
     assert list(broker.committed.values()) == [51]
+
+
+def learner_on_batches(tmp_path, n: int, **extra):
+    """A learner of the run in ``tmp_path`` and ``n`` batches waiting on its batch topic."""
+    from prl.learner.service import Learner
+    from tests.unit.test_grpo import random_rollouts
+
+    cfg = small_config(tmp_path, **{"scheduler.replay.ratio": 0, "learner.checkpoint_every": 2, **extra})
+    broker = MemoryBroker()
+    transport = MemoryTransport(broker)
+    transport.ensure_topics(cfg.run.name)
+    for i in range(n):
+        broker.append(topic_name(cfg.run.name, BATCHES), encode(TrainBatch(f"b{i}", i, i, 0, random_rollouts(8, seed=i))), b"k", [])
+    return Learner(cfg, transport), broker, transport
+
+
+@pytest.fixture
+def held_checkpoint_writes(monkeypatch):
+    """Checkpoint files are written only once the test sets the returned event."""
+    import threading
+
+    from prl.learner import checkpoint
+
+    release, write = threading.Event(), checkpoint.write_files
+    monkeypatch.setattr(checkpoint, "write_files", lambda *a: release.wait(60) and write(*a))
+    yield release
+    release.set()  # a thread still holding a write lets go before the test's directory goes
+
+
+def test_the_learner_trains_on_while_its_checkpoint_is_written_and_commits_once_it_is_whole(tmp_path, held_checkpoint_writes):
+    """A checkpoint step copies the state and goes on; until the files are written the latest
+    checkpoint and the committed offsets stay where they were; then the checkpoint holds the
+    weights of its step (not the steps trained since) and the offsets of the batches it covers."""
+    from prl.learner import checkpoint
+
+    learner, broker, _ = learner_on_batches(tmp_path, 4)
+    while learner.version < 2:
+        learner.step()
+    at_two = {k: v.clone() for k, v in learner.policy_tensors().items()}
+    learner.step()
+    assert learner.version == 3 and learner.checkpointing is not None  # trained on while step 2's files wait
+    assert checkpoint.latest_uri(learner.cfg.run.run_dir) is None and not broker.committed
+    held_checkpoint_writes.set()
+    learner.complete_checkpoint(wait=True)
+    assert checkpoint.latest_uri(learner.cfg.run.run_dir).endswith("step-00000002")
+    assert list(broker.committed.values()) == [2]  # batches 0 and 1; batch 2 is trained and not yet in a checkpoint
+    saved = checkpoint.newest_checkpoint(learner.cfg.run.run_dir)
+    assert all((saved.weights[k] == v).all() for k, v in at_two.items())
+    assert any((learner.policy_tensors()[k] != v).any() for k, v in at_two.items())
+    learner.close()
+
+
+def test_a_learner_killed_while_writing_a_checkpoint_resumes_from_the_one_before(tmp_path, held_checkpoint_writes):
+    """Killed with step 4's files half written, the next learner starts from step 2 and reads
+    the batches after it again: none is lost, none trained twice from a checkpoint."""
+    from prl.learner.service import Learner
+
+    first, broker, transport = learner_on_batches(tmp_path, 6)
+    held_checkpoint_writes.set()
+    while first.version < 3:
+        first.step()
+    first.complete_checkpoint(wait=True)  # step 2's, written meanwhile
+    assert first.saved_version == 2 and list(broker.committed.values()) == [2]
+    held_checkpoint_writes.clear()
+    first.step()  # step 4 starts its checkpoint, whose files are held: then the process is "killed"
+    assert first.version == 4 and first.checkpointing is not None
+    rebalance(broker, f"{first.cfg.run.name}.learner")
+    second = Learner(first.cfg, transport)
+    assert second.version == 2
+    wait_until(lambda: second.step() or second.version == 3, 30, "the learner trained again from its checkpoint")
+    assert second.last_seq == 2
+
+
+def test_a_host_without_room_for_the_copy_writes_checkpoints_in_the_step(tmp_path, monkeypatch):
+    from prl.learner import checkpoint, service
+
+    monkeypatch.setattr(service, "HOST_SHARE_FOR_CHECKPOINTS", 0.0)
+    learner, broker, _ = learner_on_batches(tmp_path, 2)
+    assert not learner.checkpoints_in_background
+    while learner.version < 2:
+        learner.step()
+    assert checkpoint.latest_uri(learner.cfg.run.run_dir).endswith("step-00000002") and list(broker.committed.values()) == [2]
+    learner.close()
+
+
+def test_a_checkpoint_whose_write_fails_stops_the_learner_and_leaves_the_one_before(tmp_path, monkeypatch):
+    """A write that fails in the background (a full disk, storage refusing it) is raised at the
+    next step boundary, as it was from the step itself: the latest checkpoint and the committed
+    offsets stay those of the checkpoint before, and closing the learner raises nothing more."""
+    from prl.learner import checkpoint
+
+    learner, broker, _ = learner_on_batches(tmp_path, 4)
+    while learner.version < 2:
+        learner.step()
+    learner.complete_checkpoint(wait=True)
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "write_files", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        wait_until(lambda: learner.step() and False, 30, "the failed write raised")
+    assert learner.version == 4 and checkpoint.latest_uri(learner.cfg.run.run_dir).endswith("step-00000002")
+    assert list(broker.committed.values()) == [2]
+    learner.close()

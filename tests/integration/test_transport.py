@@ -64,6 +64,32 @@ def test_publish_consume_keys_headers_commit(transport, run_name):
     pub.close()
 
 
+def test_a_commit_of_given_offsets_acknowledges_that_much_and_no_more(transport, run_name):
+    """The learner commits the offsets its checkpoint covers, fewer than it has polled: a new
+    member of the group resumes right after them."""
+    from prl.schemas.topics import BATCHES
+
+    transport.ensure_topics(run_name)
+    topic = topic_name(run_name, BATCHES)  # one partition
+    pub = transport.publisher()
+    for i in range(6):
+        pub.publish(topic, f"b{i}".encode())
+    pub.flush()
+    sub = transport.subscriber([topic], group=f"{run_name}.learner")
+    got = poll_until(sub, 6)
+    assert [m.value for m in got] == [f"b{i}".encode() for i in range(6)]
+    sub.commit({(topic, 0): got[2].offset + 1})  # b0..b2 done, b3..b5 polled and not
+    sub.close()
+    if isinstance(transport, MemoryTransport):  # the in-memory broker keeps one cursor per group
+        from tests.integration.test_fencing import rebalance
+
+        rebalance(transport.broker, f"{run_name}.learner")
+    again = transport.subscriber([topic], group=f"{run_name}.learner")
+    assert [m.value for m in poll_until(again, 3)] == [b"b3", b"b4", b"b5"]
+    again.close()
+    pub.close()
+
+
 def test_reader_without_group_sees_everything(transport, run_name):
     transport.ensure_topics(run_name)
     topic = topic_name(run_name, "policy")

@@ -20,6 +20,7 @@ from prl.cli import main
     (["memory", "--prompts", "0"], "argument --prompts: '0' is not a whole number >= 1"),
     (["memory", "--learner", "--completion-tokens", "0"], "argument --completion-tokens: '0' is not a whole number >= 1"),
     (["archive", "--groups", "0"], "argument --groups: '0' is not a whole number >= 1"),
+    (["checkpoint", "--checkpoint-every", "0"], "argument --checkpoint-every: '0' is not a whole number >= 1"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_wrong_benchmark_argument_is_one_line(capsys, argv, line):
     with pytest.raises(SystemExit) as exit_:
