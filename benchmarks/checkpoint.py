@@ -1,13 +1,13 @@
-"""`prl bench checkpoint`: what a checkpoint costs the learner's step when its files are written
-on a background thread (the state copied to host memory in the step; what the learner does)
-against written in the step from the state itself (what it did before, and does where the host
-cannot hold the copy), side by side from one run, on local disk and on an S3 server.
+"""`prl bench checkpoint`: what a checkpoint costs the learner when its files are written on a
+background thread (the state copied to host memory in the step: what a GPU learner does)
+against written in the step from the state itself (what a CPU learner does, and every learner
+did before), side by side from one run, on local disk and on an S3 server.
 
 Each way runs the real learner in a fresh process on the same file of synthetic batches,
 checkpointing every ``--checkpoint-every`` steps, and reports the seconds a checkpoint step
 spent on its checkpoint (``learner/checkpoint_seconds``), how long the background writes took
-(``learner/checkpoint_write_seconds``) and the wall time of all the steps. On these 2 cores the
-background write competes with training for the CPU; on a GPU learner it would not.
+(``learner/checkpoint_write_seconds``) and the wall time of all the steps. Here the learner
+trains on the CPU, so the background write competes with training for the same cores.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def one_way(way: str, run_dir: str, batches: str, model: str, steps: int, every:
     from prl.transport.memory import MemoryTransport
 
     logs.configure("console", "warning")
-    if way == "in_step":
-        service.HOST_SHARE_FOR_CHECKPOINTS = 0.0  # the host "cannot hold" the copy: the way before
+    if way == "background":
+        service.BACKGROUND_DEVICES = ("cpu", "cuda")  # as on a GPU
     cfg = load_config(overrides=[f"run.run_dir={json.dumps(run_dir)}", f"model.path={json.dumps(model)}", "scheduler.tau_max=1000", "learner.eval_every=0", f"learner.checkpoint_every={every}",
                                  f"learner.max_steps={steps}"])
     metrics = Recorded()

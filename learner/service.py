@@ -13,9 +13,9 @@ Loop, top to bottom:
      smaller, or the LoRA adapter alone; prl/policy.py) and announce it with a PolicyVersion
      carrying its checksum;
   5. every ``checkpoint_every`` steps checkpoint (float32 weights, optimizer state, counters):
-     copied to host memory in the step, written on a background thread while training goes on,
-     made the latest at a step boundary once whole; then the batch offsets it covers are
-     committed (so a restarted learner neither skips nor repeats a batch).
+     on a GPU copied to host memory in the step and written on a background thread while
+     training goes on, made the latest at a step boundary once whole; then the batch offsets it
+     covers are committed (so a restarted learner neither skips nor repeats a batch).
 
 The learner only learns: held-out evaluation is the generation fleet's (scheduler/evaluation.py).
 
@@ -59,7 +59,11 @@ KEEP_CHECKPOINTS = 3
 # when the learner trains there), and on a GPU a step can be faster than encoding and writing a
 # version on the host: past this the learner waits (its publish_seconds say how long).
 UNWRITTEN_VERSIONS = 2
-HOST_SHARE_FOR_CHECKPOINTS = 0.5  # a checkpoint is written in the background where its host copy takes at most this share
+# Checkpoints are written in the background on these devices (a GPU trains while the host's cores
+# write; on a CPU the cores that would write are the ones training: RESULTS, "Checkpoints"), where
+# their copy in host memory takes at most this share of it.
+BACKGROUND_DEVICES = ("cuda",)
+HOST_SHARE_FOR_CHECKPOINTS = 0.5
 
 
 @dataclass
@@ -106,7 +110,7 @@ class Learner(Service):
         self.unacknowledged_announcement = False
         report = distributed.memory_report(self.model, self.dist)
         self.stop_unless_it_fits(report)
-        self.checkpoints_in_background = self.host_holds_a_checkpoint(report)
+        self.checkpoints_in_background = self.writes_checkpoints_in_background(report)
         self.checkpoint_writer = ThreadPoolExecutor(1, thread_name_prefix="prl-checkpoint")
         self.checkpointing: Checkpointing | None = None
         if self.is_main:
@@ -129,17 +133,17 @@ class Learner(Service):
                                  f"GiB (16 bytes a trained parameter) and {self.device} has {have / 2**30:.1f} GiB: "
                                  f"{MEMORY_FIX}")
 
-    def host_holds_a_checkpoint(self, report: dict) -> bool:
-        """Whether a checkpoint's copy in host memory (float32 weights, AdamW's moments; on a CPU
-        besides the learner's own state) takes at most HOST_SHARE_FOR_CHECKPOINTS of the host's
-        memory; where it does not, checkpoints are written in the step, from the state itself."""
+    def writes_checkpoints_in_background(self, report: dict) -> bool:
+        """On a device of BACKGROUND_DEVICES whose host can hold a checkpoint's copy (float32
+        weights and AdamW's moments; on a CPU besides the learner's own state) in at most
+        HOST_SHARE_FOR_CHECKPOINTS of its memory; else checkpoints are written in the step."""
         whole = report["parameter_bytes"] * report["world"]  # under FSDP rank 0 gathers the whole model's weights
         weights = report["gradient_bytes"] if self.lora else whole if self.is_main else 0
         copy = weights + report["optimizer_bytes"] + (report["total_bytes"] if self.device.type == "cpu" else 0)
         host = memory_bytes(torch.device("cpu"))
-        background = copy <= HOST_SHARE_FOR_CHECKPOINTS * host
-        self.log.info("checkpoint_writes", background=background, host_copy_gib=round(copy / 2**30, 2),
-                      host_gib=round(host / 2**30, 1))
+        background = self.device.type in BACKGROUND_DEVICES and copy <= HOST_SHARE_FOR_CHECKPOINTS * host
+        self.log.info("checkpoint_writes", where="background" if background else "in the step", device=self.device.type,
+                      host_copy_gib=round(copy / 2**30, 2), host_gib=round(host / 2**30, 1))
         return background
 
     def log_precision(self) -> None:
@@ -448,9 +452,9 @@ class Learner(Service):
 
     def save(self) -> None:
         """Checkpoint this step: its state copied to host memory now and written by a background
-        thread while training goes on (written now, from the state itself, where the host cannot
-        hold the copy); it becomes the latest at a step boundary once whole (``complete_checkpoint``).
-        One at a time: one still being written is waited for first."""
+        thread while training goes on (on a CPU, or where the host cannot hold the copy, written
+        now from the state itself); it becomes the latest at a step boundary once whole
+        (``complete_checkpoint``). One at a time: one still being written is waited for first."""
         self.complete_checkpoint(wait=True)
         if self.saved_version == self.version:
             return

@@ -185,8 +185,16 @@ def learner_on_batches(tmp_path, n: int, **extra):
 
 
 @pytest.fixture
-def held_checkpoint_writes(monkeypatch):
-    """Checkpoint files are written only once the test sets the returned event."""
+def background_checkpoints(monkeypatch):
+    """Checkpoints written in the background on this CPU, as on a GPU."""
+    from prl.learner import service
+
+    monkeypatch.setattr(service, "BACKGROUND_DEVICES", ("cpu", "cuda"))
+
+
+@pytest.fixture
+def held_checkpoint_writes(monkeypatch, background_checkpoints):
+    """Checkpoint files are written in the background only once the test sets the returned event."""
     import threading
 
     from prl.learner import checkpoint
@@ -241,10 +249,13 @@ def test_a_learner_killed_while_writing_a_checkpoint_resumes_from_the_one_before
     assert second.last_seq == 2
 
 
-def test_a_host_without_room_for_the_copy_writes_checkpoints_in_the_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("why", ["a CPU learner", "a host without room for the copy"])
+def test_checkpoints_are_written_in_the_step_on_a_cpu_or_without_room(tmp_path, monkeypatch, why):
     from prl.learner import checkpoint, service
 
-    monkeypatch.setattr(service, "HOST_SHARE_FOR_CHECKPOINTS", 0.0)
+    if why != "a CPU learner":
+        monkeypatch.setattr(service, "BACKGROUND_DEVICES", ("cpu", "cuda"))
+        monkeypatch.setattr(service, "HOST_SHARE_FOR_CHECKPOINTS", 0.0)
     learner, broker, _ = learner_on_batches(tmp_path, 2)
     assert not learner.checkpoints_in_background
     while learner.version < 2:
@@ -253,7 +264,8 @@ def test_a_host_without_room_for_the_copy_writes_checkpoints_in_the_step(tmp_pat
     learner.close()
 
 
-def test_a_checkpoint_whose_write_fails_stops_the_learner_and_leaves_the_one_before(tmp_path, monkeypatch):
+def test_a_checkpoint_whose_write_fails_stops_the_learner_and_leaves_the_one_before(tmp_path, monkeypatch,
+                                                                                  background_checkpoints):
     """A write that fails in the background (a full disk, storage refusing it) is raised at the
     next step boundary, as it was from the step itself: the latest checkpoint and the committed
     offsets stay those of the checkpoint before, and closing the learner raises nothing more."""

@@ -1,6 +1,6 @@
 """The learner under torchrun with 2 CPU ranks (gloo, FSDP2) against one process, on the
-same batches: losses and updated weights agree, and a 2-rank checkpoint resumes on 1 rank;
-with --http, rank 0 alone serves it."""
+same batches: losses and updated weights agree, with checkpoints written in the step or in the
+background, and a 2-rank checkpoint resumes on 1 rank; with --http, rank 0 alone serves it."""
 
 import json
 import os
@@ -24,7 +24,7 @@ def make_batches(path):
     write_batches(str(path), batches)
 
 
-def learner_command(tmp_path, run_dir, world, max_steps, *extra):
+def learner_command(tmp_path, run_dir, world, max_steps, *extra, background=False):
     config = tmp_path / "learner.toml"
     config.write_text(f"""
 [run]
@@ -40,14 +40,16 @@ checkpoint_every = 1
 micro_batch_tokens = 64
 max_steps = {max_steps}
 """)
-    args = ["-m", "prl.cli", "learner", "--config", str(config), "--batches-from", str(tmp_path / "batches.arrow"), *extra]
+    cli = [str(Path(__file__).parents[1] / "support" / "background_learner.py")] if background else ["-m", "prl.cli"]
+    args = [*cli, "learner", "--config", str(config), "--batches-from", str(tmp_path / "batches.arrow"), *extra]
     if world == 1:
         return [sys.executable, *args]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone", *args]
 
 
-def run_learner(tmp_path, run_dir, world, max_steps):
-    out = subprocess.run(learner_command(tmp_path, run_dir, world, max_steps), capture_output=True, text=True, timeout=300)
+def run_learner(tmp_path, run_dir, world, max_steps, background=False):
+    out = subprocess.run(learner_command(tmp_path, run_dir, world, max_steps, background=background), capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stderr
 
@@ -80,6 +82,14 @@ def test_two_ranks_match_one_process_and_resume_on_one(tmp_path):
     assert_close(weights(single, 3), weights(double, 3))
     shards = sorted(p.name for p in (double / "checkpoints" / "step-00000003").glob("optimizer-*"))
     assert shards == ["optimizer-00000-of-00002.safetensors", "optimizer-00001-of-00002.safetensors"]
+
+    # The same with each checkpoint written in the background (as on GPUs): the ranks agree on its files.
+    background = tmp_path / "background"
+    assert '"where": "background"' in run_learner(tmp_path, background, 2, 3, background=True)
+    assert_close(weights(single, 3), weights(background, 3))
+    assert json.loads((background / "checkpoints" / "latest").read_text())["name"] == "step-00000003"
+    rows = [json.loads(line) for line in (background / "metrics-learner.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in rows if "learner/checkpoint_write_seconds" in r) == [1, 2, 3]
 
     # 2 ranks train steps 1-2, then one process resumes and trains step 3.
     run_learner(tmp_path, resumed, 2, 2)
