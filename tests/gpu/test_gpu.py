@@ -96,7 +96,10 @@ def test_fsdp2_under_torchrun_on_one_gpu_trains_as_one_process(tmp_path):
     assert sorted(plain) == sorted(sharded) == [1, 2, 3]
     for step in plain:
         assert sharded[step] == pytest.approx(plain[step], rel=1e-4, abs=1e-5)
-    assert (tmp_path / "fsdp2" / "checkpoints" / "latest").exists()
+    for run_dir in (tmp_path / "plain", tmp_path / "fsdp2"):  # checkpoints written in the background, as on every GPU
+        assert json.loads((run_dir / "checkpoints" / "latest").read_text())["name"] == "step-00000003"
+        rows = [json.loads(line) for line in (run_dir / "metrics-learner.jsonl").read_text().splitlines()]
+        assert sorted(r["step"] for r in rows if "learner/checkpoint_write_seconds" in r) == [2, 3]
 
 
 def test_generation_on_the_gpu_matches_the_learners_log_probs(record_property):
