@@ -15,17 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-import fsspec
-
-from benchmarks.common import count, write_json
+from benchmarks.common import count, s3_server, write_json
 from benchmarks.memory import in_fresh_process
-from benchmarks.weights import S3_ENV
 
 
 class Recorded:
@@ -82,7 +77,6 @@ def main(argv=None) -> int:
     from benchmarks.learner import synthetic_batches
     from prl.learner.sources import write_batches
     from prl.models import base_weight_shapes, resolve_model_dir
-    from tests.support.servers import S3Server
 
     model_dir = resolve_model_dir(args.model)
     params = sum(math.prod(shape) for shape in base_weight_shapes(model_dir).values())
@@ -91,24 +85,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         batches = f"{tmp}/batches.arrow"
         write_batches(batches, synthetic_batches(args.steps, args.rollouts, 16, 32, vocab))
-        s3 = S3Server(log_path=f"{tmp}/s3.log")
-        saved = {k: os.environ.get(k) for k in S3_ENV}
-        try:
-            s3.create_bucket("prl-bench")
-            os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1",
-                              AWS_ENDPOINT_URL=s3.endpoint)  # the fresh processes take them with them
+        with s3_server(tmp, "prl-bench"):  # the fresh processes take its environment with them
             for store, root in (("local", f"{tmp}/runs"), ("s3", "s3://prl-bench/runs")):
                 for way in ("background", "in_step"):
                     results[f"{store}/{way}"] = in_fresh_process(one_way, way, f"{root}/{store}-{way}", batches, args.model,
                                                                  args.steps, args.checkpoint_every)
-        finally:
-            s3.stop()
-            for k, v in saved.items():  # the caller's environment as it was
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            fsspec.filesystem("s3").clear_instance_cache()
     report(args, params, results)
     write_json(args, parameters=params, **results)
     return 0 if all(r["background"] == way.endswith("background") for way, r in results.items()) else 1

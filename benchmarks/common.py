@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -88,3 +89,32 @@ def quiet_console(log_file: str | None = None) -> None:
     else:
         logs.configure("console", "warning")
     hf_logging.disable_progress_bar()
+
+
+S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
+
+
+@contextlib.contextmanager
+def s3_server(tmp: str, bucket: str):
+    """An S3 server (moto, a process on this machine) holding ``bucket``, with the AWS
+    environment naming it (processes started meanwhile take it with them) until the block ends."""
+    import fsspec
+
+    from tests.support.servers import S3Server
+
+    s3 = S3Server(log_path=f"{tmp}/s3.log")
+    saved = {k: os.environ.get(k) for k in S3_ENV}
+    try:
+        s3.create_bucket(bucket)
+        os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1",
+                          AWS_ENDPOINT_URL=s3.endpoint)
+        fsspec.filesystem("s3").clear_instance_cache()  # a cached client would still name an earlier endpoint
+        yield s3
+    finally:
+        s3.stop()
+        for k, v in saved.items():  # the caller's environment as it was
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        fsspec.filesystem("s3").clear_instance_cache()

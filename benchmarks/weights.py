@@ -28,12 +28,9 @@ import sys
 import tempfile
 import time
 
-import fsspec
-
-from benchmarks.common import count, positive, write_json
+from benchmarks.common import count, positive, s3_server, write_json
 
 SIZES = {"135M": 135e6, "1.7B": 1.7e9, "7B": 7.0e9}
-S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")  # set for its S3 server
 PRODUCERS = 64
 
 
@@ -160,36 +157,19 @@ def main(argv=None) -> int:
 
     from prl import logs
     from prl.models import base_weight_shapes, resolve_model_dir
-    from tests.support.servers import S3Server
-
     logs.configure("console", "warning")
     torch.set_num_threads(os.cpu_count() or 1)
     shapes = base_weight_shapes(resolve_model_dir(args.model))
     bf16_bytes = 2 * sum(int(torch.tensor(s).prod()) if s else 1 for s in shapes.values())
-    with tempfile.TemporaryDirectory() as tmp:
-        s3 = S3Server(log_path=f"{tmp}/s3.log")
-        saved = {k: os.environ.get(k) for k in S3_ENV}
-        try:
-            s3.create_bucket("prl-weights")
-            os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1",
-                              AWS_ENDPOINT_URL=s3.endpoint)
-            fsspec.filesystem("s3").clear_instance_cache()  # a cached client would still name an earlier endpoint
-            stores = {"local": Ways(f"{tmp}/local", args.model, {}), "s3": Ways("s3://prl-weights/run", args.model, {})}
-            changed = {args.lr[0]: full_finetune(args, list(stores.values()), args.lr[0], args.steps, set(stores.values()))}
-            deltas = {args.lr[0]: [r["bytes"] for r in stores["local"].rows["bf16 delta"]]}
-            for lr in args.lr[1:]:
-                extra = Ways(f"{tmp}/lr{lr:g}", args.model, {})
-                changed[lr] = full_finetune(args, [extra], lr, args.steps, set())
-                deltas[lr] = [r["bytes"] for r in extra.rows["bf16 delta"]]
-            adapter_params = lora(args, list(stores.values()), args.steps)
-        finally:
-            s3.stop()
-            for k, v in saved.items():  # the caller's environment as it was
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            fsspec.filesystem("s3").clear_instance_cache()
+    with tempfile.TemporaryDirectory() as tmp, s3_server(tmp, "prl-weights"):
+        stores = {"local": Ways(f"{tmp}/local", args.model, {}), "s3": Ways("s3://prl-weights/run", args.model, {})}
+        changed = {args.lr[0]: full_finetune(args, list(stores.values()), args.lr[0], args.steps, set(stores.values()))}
+        deltas = {args.lr[0]: [r["bytes"] for r in stores["local"].rows["bf16 delta"]]}
+        for lr in args.lr[1:]:
+            extra = Ways(f"{tmp}/lr{lr:g}", args.model, {})
+            changed[lr] = full_finetune(args, [extra], lr, args.steps, set())
+            deltas[lr] = [r["bytes"] for r in extra.rows["bf16 delta"]]
+        adapter_params = lora(args, list(stores.values()), args.steps)
     results = {"bf16_bytes": bf16_bytes, "adapter_parameters": adapter_params, "changed_share": changed,
                "delta_bytes": deltas, "identical": all(s.identical for s in stores.values()),
                "ways": {where: {way: summary(rows, bf16_bytes, way == "bf16 delta") for way, rows in s.rows.items()}
