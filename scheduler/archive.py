@@ -27,6 +27,11 @@ which can archive a group twice; the reader keeps the first) and on ``close`` (o
 Each writer start uses its own file prefix, so a restarted scheduler never overwrites a file.
 Each file is written whole (on a local disk a temporary file renamed; on object storage one
 PUT), so a killed scheduler leaves no torn file for the readers.
+
+Readers never need the archive in memory: ``read_outcomes`` gives statistics (each group's
+problem, versions, rewards, turns) from five leaf columns, ``read_archive(problem_id=...)`` one
+problem's groups from the files that hold it, ``ArchivedGroups`` every group in order a file at a
+time (`prl replay train` and `publish`).
 """
 
 from __future__ import annotations
@@ -164,6 +169,9 @@ def in_order(uri: str, parts: list[pa.Table]) -> pa.Table:
 def read_part(fs, path: str, columns: list[str] | None, problem_id: str | None) -> pa.Table | None:
     """One archive file's ``columns`` (None: all) with its partition's ``policy_version``; with
     ``problem_id``, its rows of that problem (None where it has none)."""
+    folder = path.rsplit("/", 2)[-2]
+    if not folder.startswith("policy_version=") or not folder[len("policy_version="):].isdigit():
+        raise StorageError(f"archive file {path} is not in a policy_version=<V> folder; move it out of the archive and run again")
     try:
         with fs.open(path, "rb") as f:
             part = pq.ParquetFile(f)
@@ -178,9 +186,6 @@ def read_part(fs, path: str, columns: list[str] | None, problem_id: str | None) 
                            "damaged or put there by hand)") from None
     if problem_id is not None:
         table = table.filter(pc.equal(table["problem_id"], problem_id))
-    folder = path.rsplit("/", 2)[-2]
-    if not folder.startswith("policy_version=") or not folder[len("policy_version="):].isdigit():
-        raise StorageError(f"archive file {path} is not in a policy_version=<V> folder; move it out of the archive and run again")
     version = int(folder[len("policy_version="):])
     return with_model_masks(table).append_column("policy_version", pa.array(np.full(table.num_rows, version), pa.int64()))
 
