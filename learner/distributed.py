@@ -97,13 +97,6 @@ def all_gather_strings(value: str, d: Dist) -> list[str]:
     return [bytes(x.cpu().numpy().tobytes()).rstrip(b"\0").decode() for x in out]
 
 
-def barrier(d: Dist | None) -> None:
-    if d is not None:
-        import torch.distributed as tdist
-
-        tdist.barrier()
-
-
 def full_weights(model, d: Dist | None) -> dict:
     """The whole model's weights on rank 0 (other ranks: {}), gathered from the shards."""
     if d is None:
