@@ -75,8 +75,8 @@ def broadcast_bytes(data: bytes | None, d: Dist) -> bytes | None:
     dev = comm_device(d)
     length = torch.tensor([-1 if data is None else len(data)], dtype=torch.int64, device=dev)
     tdist.broadcast(length, 0)
-    if length.item() < 0:
-        return None
+    if length.item() <= 0:  # nothing more to send (an empty buffer cannot be a tensor)
+        return None if length.item() < 0 else b""
     buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev) if d.is_main else \
         torch.empty(length.item(), dtype=torch.uint8, device=dev)
     tdist.broadcast(buf, 0)
