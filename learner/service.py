@@ -15,11 +15,14 @@ Loop, top to bottom:
   5. every ``checkpoint_every`` steps checkpoint (float32 weights, optimizer state, counters):
      on a GPU copied to host memory in the step and written on a background thread while
      training goes on, made the latest at a step boundary once whole; then the batch offsets it
-     covers are committed (so a restarted learner neither skips nor repeats a batch).
+     covers are committed (so a restarted learner neither skips nor repeats a batch). A
+     learner that ends short of a failure (its last step, its batch file's end, SIGTERM
+     between steps) checkpoints the step it ended at.
 
 The learner only learns: held-out evaluation is the generation fleet's (scheduler/evaluation.py).
 
-A restarted learner resumes from its last checkpoint and trains again the batches after it.
+A restarted learner resumes from its last checkpoint and trains again the batches after it
+(after a kill, not after a stop).
 The versions it makes again are not announced: a version number names one set of weights for
 good, so numbering resumes past the newest version in storage (``policy.newest_version``), and
 until the learner passes it, its weights go nowhere. That newest version is announced at the start,
@@ -314,6 +317,8 @@ class Learner(Service):
         elif data is not None:
             self.train_on(decode(data, TrainBatch))
         done = self.version >= self.cfg.learner.max_steps or self.exhausted
+        if done and self.saved_version != self.version:  # the batch file ended between checkpoints
+            self.save()
         self.complete_checkpoint(wait=done)
         if done:
             self.announce_written(wait=True)  # the last versions go out before the learner is done
@@ -498,6 +503,27 @@ class Learner(Service):
         self.checkpoint_uri, self.saved_version = checkpoint.checkpoint_uri(self.cfg.run.run_dir, pending.step), pending.step
         if self.is_main:
             self.deliver(self.source, pending.positions)
+
+    def stop_requested(self, stop) -> bool:
+        """Under torchrun, rank 0's word (SIGTERM reaches the ranks at different points): every
+        rank stops after the same step, so that they can checkpoint it together."""
+        if self.dist is None:
+            return stop.is_set()
+        return distributed.broadcast_bytes(b"" if stop.is_set() else None, self.dist) == b""
+
+    def stopped(self) -> None:
+        """Stopped between steps (SIGTERM): checkpoint the last step trained, so that the next
+        learner goes on from it instead of training the steps since the last checkpoint again
+        (whose versions it could not announce). Its offsets not committed (the broker away),
+        the next learner reads those batches again and skips them."""
+        if self.saved_version != self.version:
+            if self.is_main:
+                self.log.info("checkpointing_before_stop", step=self.version)
+            self.save()
+        try:
+            self.complete_checkpoint(wait=True)
+        except TransportError as exc:
+            self.log.warning("checkpoint_offsets_not_committed", step=self.saved_version, error=str(exc)[:300])
 
     def rank_and_world(self) -> tuple[int, int]:
         return (self.dist.rank, self.dist.world) if self.dist is not None else (0, 1)

@@ -2,8 +2,9 @@
 
 A service does one bounded unit of work per ``step()`` (waiting at most ``poll_s`` for
 input) and says whether it is finished; ``run`` repeats that until it is, or until
-``stop`` is set (SIGTERM in a pod, the end of ``prl run``). Finished, it returns, or (in a pod,
-whose controller restarts what exits) waits for ``stop``, its connections closed.
+``stop`` is set (SIGTERM in a pod, the end of ``prl run``): then ``stopped`` keeps what a
+restart should not do again. Finished, it returns, or (in a pod, whose controller restarts what
+exits) waits for ``stop``, its connections closed.
 """
 
 from __future__ import annotations
@@ -168,6 +169,13 @@ class Service:
         """Counters and current values for /metrics."""
         return dict(self.counters)
 
+    def stop_requested(self, stop: threading.Event) -> bool:
+        """Whether to stop before the next step (a learner's ranks agree on it)."""
+        return stop.is_set()
+
+    def stopped(self) -> None:
+        """Stopped between steps: keep what a restart should not do again (nothing, by default)."""
+
     def close(self) -> None:
         self.publisher.close()
 
@@ -200,6 +208,8 @@ class Service:
         try:
             try:
                 finished = self.loop(stop)
+                if not finished:
+                    self.stopped()
             finally:
                 self.close()
             if finished and when_finished == "wait":
@@ -214,7 +224,7 @@ class Service:
         """Step until a step says finished (True) or ``stop`` is set (False), trying a step that
         failed on the transport again after a growing wait."""
         outage = Outage(self)
-        while not stop.is_set():
+        while not self.stop_requested(stop):
             try:
                 done = self.step()
             except TransportError as exc:

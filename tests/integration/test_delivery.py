@@ -285,3 +285,49 @@ def test_a_checkpoint_whose_write_fails_stops_the_learner_and_leaves_the_one_bef
     assert learner.version == 4 and checkpoint.latest_uri(learner.cfg.run.run_dir).endswith("step-00000002")
     assert list(broker.committed.values()) == [2]
     learner.close()
+
+
+@pytest.mark.parametrize("where", ["in the step", "in the background"])
+def test_a_learner_stopped_between_checkpoints_checkpoints_its_last_step(tmp_path, monkeypatch, where):
+    """Stopped (SIGTERM) three steps past its last checkpoint, the learner checkpoints step 3
+    and commits the batches it covers: the next learner goes on from step 3 and trains none of
+    them again (it would have trained them again from the base, making versions it cannot announce)."""
+    import threading
+
+    from prl.learner import checkpoint, service
+    from prl.learner.service import Learner
+
+    if where == "in the background":
+        monkeypatch.setattr(service, "BACKGROUND_DEVICES", ("cpu", "cuda"))
+    first, broker, transport = learner_on_batches(tmp_path, 3, **{"learner.checkpoint_every": 10})
+    assert first.checkpoints_in_background == (where == "in the background")
+    stop = threading.Event()
+    thread = threading.Thread(target=first.run, args=(stop,))
+    thread.start()
+    try:
+        wait_until(lambda: first.version == 3, 60, "three steps trained")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive() and first.saved_version == 3
+    assert checkpoint.latest_uri(first.cfg.run.run_dir).endswith("step-00000003")
+    assert list(broker.committed.values()) == [3]
+    rebalance(broker, f"{first.cfg.run.name}.learner")
+    second = Learner(first.cfg, transport)
+    assert second.version == 3 and second.last_seq == 2
+
+
+def test_a_learner_whose_batch_file_ends_between_checkpoints_checkpoints_its_last_step(tmp_path):
+    """`prl learner --batches-from` (as `prl replay train` runs it) with fewer batches than
+    max_steps: the file's end finishes the learner, and its last step is checkpointed."""
+    from prl.learner import checkpoint
+    from prl.learner.service import Learner
+    from prl.learner.sources import write_batches
+    from tests.unit.test_grpo import random_rollouts
+
+    cfg = small_config(tmp_path, **{"learner.checkpoint_every": 10, "scheduler.replay.ratio": 0})
+    write_batches(str(tmp_path / "a.arrow"), [TrainBatch(f"b{i}", i, i, 0, random_rollouts(8, seed=i)) for i in range(3)])
+    learner = Learner(cfg, MemoryTransport(), batches_from=str(tmp_path / "a.arrow"))
+    wait_until(learner.step, 60, "the batch file's end")
+    assert learner.version == 3 and checkpoint.latest_uri(cfg.run.run_dir).endswith("step-00000003")
+    learner.close()

@@ -1,6 +1,7 @@
 """The learner under torchrun with 2 CPU ranks (gloo, FSDP2) against one process, on the
 same batches: losses and updated weights agree, with checkpoints written in the step or in the
-background, and a 2-rank checkpoint resumes on 1 rank; with --http, rank 0 alone serves it."""
+background, and a 2-rank checkpoint resumes on 1 rank; with --http, rank 0 alone serves it;
+stopped by SIGTERM, the ranks checkpoint the same last step."""
 
 import json
 import os
@@ -24,7 +25,7 @@ def make_batches(path):
     write_batches(str(path), batches)
 
 
-def learner_command(tmp_path, run_dir, world, max_steps, *extra, background=False):
+def learner_command(tmp_path, run_dir, world, max_steps, *extra, cli=("-m", "prl.cli"), checkpoint_every=1):
     config = tmp_path / "learner.toml"
     config.write_text(f"""
 [run]
@@ -36,22 +37,27 @@ tau_max = 100
 [learner]
 lr = 1e-3
 eval_every = 0
-checkpoint_every = 1
+checkpoint_every = {checkpoint_every}
 micro_batch_tokens = 64
 max_steps = {max_steps}
 """)
-    cli = [str(Path(__file__).parents[1] / "support" / "background_learner.py")] if background else ["-m", "prl.cli"]
     args = [*cli, "learner", "--config", str(config), "--batches-from", str(tmp_path / "batches.arrow"), *extra]
     if world == 1:
         return [sys.executable, *args]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone", *args]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--standalone",
+            "--shutdown-timeout=120", *args]
 
 
 def run_learner(tmp_path, run_dir, world, max_steps, background=False):
-    out = subprocess.run(learner_command(tmp_path, run_dir, world, max_steps, background=background), capture_output=True,
-                         text=True, timeout=300)
+    cli = (support("background_learner.py"),) if background else ("-m", "prl.cli")
+    out = subprocess.run(learner_command(tmp_path, run_dir, world, max_steps, cli=cli), capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stderr
+
+
+def support(script: str) -> str:
+    return str(Path(__file__).parents[1] / "support" / script)
 
 
 def losses(run_dir):
@@ -75,7 +81,7 @@ def test_two_ranks_match_one_process_and_resume_on_one(tmp_path):
     make_batches(tmp_path / "batches.arrow")
     single, double, resumed = tmp_path / "single", tmp_path / "double", tmp_path / "resumed"
     run_learner(tmp_path, single, 1, 3)
-    log = run_learner(tmp_path, double, 2, 3, background=True)
+    log = run_learner(tmp_path, double, 2, 10, background=True)  # ends at its batch file's end, the ranks together
     assert '"world": 2' in log and '"where": "background"' in log  # the memory report of a sharded rank
     a, b = losses(single), losses(double)
     assert sorted(a) == sorted(b) == [1, 2, 3]
@@ -95,36 +101,43 @@ def test_two_ranks_match_one_process_and_resume_on_one(tmp_path):
     assert_close(weights(single, 3), weights(resumed, 3))
 
 
-def test_two_ranks_in_one_pod_answer_health_on_one_port(tmp_path):
+def test_two_ranks_in_one_pod_answer_health_on_one_port_and_checkpoint_when_stopped(tmp_path):
     """The ranks of a pod share its network: rank 0 alone serves --http (rank 1 binding the
-    same port took the job down), and answers for the learner until it is stopped; SIGTERM to
-    torchrun (a pod's end) stops both ranks."""
+    same port took the job down), and answers for the learner until it is stopped. SIGTERM to
+    torchrun (a pod's end) three steps past the last checkpoint stops both ranks after the
+    same step, and they checkpoint it together."""
     import signal
 
     from tests.support.servers import free_port, wait_until
     from tests.unit.test_service_loop import get
 
     make_batches(tmp_path / "batches.arrow")
-    port = free_port()
-    cmd = learner_command(tmp_path, tmp_path / "run", 2, 3, "--http", f"127.0.0.1:{port}", "--when-finished", "wait")
+    port, run_dir = free_port(), tmp_path / "run"
+    cmd = learner_command(tmp_path, run_dir, 2, 10, "--http", f"127.0.0.1:{port}", cli=(support("waiting_learner.py"),),
+                          checkpoint_every=10)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        def finished():
+        def trained_three():
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             try:
-                return json.loads(get(f"http://127.0.0.1:{port}/health")[1])["status"] == "finished"
+                healthy = json.loads(get(f"http://127.0.0.1:{port}/health")[1])["status"] == "ok"
             except OSError:
                 return False
-        wait_until(finished, 240, "the 2-rank learner's /health to say finished")
-        assert losses(tmp_path / "run").keys() == {1, 2, 3}
+            return healthy and (run_dir / "metrics-learner.jsonl").exists() and 3 in losses(run_dir)
+        wait_until(trained_three, 240, "the 2-rank learner to train 3 steps and answer /health")
+        assert not (run_dir / "checkpoints" / "latest").exists()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        output = proc.communicate(timeout=120)[0]
         wait_until(lambda: not ranks_of(tmp_path), 30, "both ranks to exit")
     finally:
         proc.kill()  # torchrun's workers are in sessions of their own: what is left of them goes by PID
         for pid in ranks_of(tmp_path):
             os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
+    assert '"checkpointing_before_stop"' in output, output[-3000:]
+    assert json.loads((run_dir / "checkpoints" / "latest").read_text())["name"] == "step-00000003"
+    shards = sorted(p.name for p in (run_dir / "checkpoints" / "step-00000003").glob("optimizer-*"))
+    assert shards == ["optimizer-00000-of-00002.safetensors", "optimizer-00001-of-00002.safetensors"]
 
 
 def ranks_of(tmp_path) -> list[int]:

@@ -129,6 +129,7 @@ def test_workloads_are_locked_down_and_sized(overlay, tmp_path):
     assert kinds["prl-scheduler"]["spec"]["strategy"]["type"] == "Recreate"
     assert kinds["prl-scheduler"]["spec"]["replicas"] == 1
     assert kinds["prl-learner"]["kind"] == "StatefulSet"
+    assert kinds["prl-learner"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 300  # to checkpoint
     assert any(d["kind"] == "PodDisruptionBudget" for d in docs)
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     for w in kinds.values():
