@@ -129,7 +129,8 @@ def test_workloads_are_locked_down_and_sized(overlay, tmp_path):
     assert kinds["prl-scheduler"]["spec"]["strategy"]["type"] == "Recreate"
     assert kinds["prl-scheduler"]["spec"]["replicas"] == 1
     assert kinds["prl-learner"]["kind"] == "StatefulSet"
-    assert kinds["prl-learner"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 300  # to checkpoint
+    for name in ("prl-learner", "prl-producer"):  # to checkpoint, to finish an engine call (not 30 s)
+        assert kinds[name]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 300
     assert any(d["kind"] == "PodDisruptionBudget" for d in docs)
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     for w in kinds.values():
