@@ -67,6 +67,10 @@ UNWRITTEN_VERSIONS = 2
 # their copy in host memory takes at most this share of it.
 BACKGROUND_DEVICES = ("cuda",)
 HOST_SHARE_FOR_CHECKPOINTS = 0.5
+# Under torchrun, rank 0's word to the other ranks, waiting in their step: stop here (a batch, an
+# Arrow stream, is never these bytes). They stop when rank 0 does, at the same step, whenever
+# SIGTERM reached each, so that they can checkpoint it together.
+STOPPING = b"stop"
 
 
 @dataclass
@@ -119,6 +123,7 @@ class Learner(Service):
         if self.is_main:
             self.log_precision()
         self.source, self.exhausted, self.groups = None, False, None  # groups: claim-check batches' rollouts, made on first use
+        self.told_to_stop = False  # a rank other than 0, by rank 0 (STOPPING)
         self.epoch = epochs.claim(cfg.run.run_dir, "learner") if self.is_main else 0  # a learner before this one is fenced
         if self.is_main:
             self.source = FileSource(batches_from) if batches_from else \
@@ -312,6 +317,9 @@ class Learner(Service):
             data = encode(batch) if batch is not None else (b"" if self.exhausted else None)
         if self.dist is not None:
             data = distributed.broadcast_bytes(data, self.dist)
+        if data == STOPPING:
+            self.told_to_stop = True
+            return False
         if data == b"":
             self.exhausted = True
         elif data is not None:
@@ -505,17 +513,16 @@ class Learner(Service):
             self.deliver(self.source, pending.positions)
 
     def stop_requested(self, stop) -> bool:
-        """Under torchrun, rank 0's word (SIGTERM reaches the ranks at different points): every
-        rank stops after the same step, so that they can checkpoint it together."""
-        if self.dist is None:
-            return stop.is_set()
-        return distributed.broadcast_bytes(b"" if stop.is_set() else None, self.dist) == b""
+        """``stop`` (SIGTERM) on rank 0; under torchrun the other ranks wait for its word."""
+        return stop.is_set() if self.is_main else self.told_to_stop
 
     def stopped(self) -> None:
         """Stopped between steps (SIGTERM): checkpoint the last step trained, so that the next
         learner goes on from it instead of training the steps since the last checkpoint again
         (whose versions it could not announce). Its offsets not committed (the broker away),
         the next learner reads those batches again and skips them."""
+        if self.dist is not None and self.is_main:
+            distributed.broadcast_bytes(STOPPING, self.dist)
         if self.saved_version != self.version:
             if self.is_main:
                 self.log.info("checkpointing_before_stop", step=self.version)

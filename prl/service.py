@@ -170,7 +170,7 @@ class Service:
         return dict(self.counters)
 
     def stop_requested(self, stop: threading.Event) -> bool:
-        """Whether to stop before the next step (a learner's ranks agree on it)."""
+        """Whether to stop before the next step (a learner's ranks take rank 0's word)."""
         return stop.is_set()
 
     def stopped(self) -> None:
