@@ -72,6 +72,34 @@ def test_a_producer_commits_no_dispatch_whose_group_the_broker_did_not_take(pipe
     assert sum(broker.committed.values()) == len(dispatched)
 
 
+def test_a_producer_stopped_in_its_engine_call_publishes_the_call_and_commits_it(pipeline):
+    """SIGTERM (a pod scaled down) during a generation call: the call finishes, its groups are
+    published and its dispatches committed before the producer exits (the pod's grace period
+    is what lets it: deploy/k8s/base/producer.yaml)."""
+    import threading
+
+    cfg, broker, scheduler, producer = pipeline
+    scheduler.step()
+    dispatched = records(broker, topic_name(cfg.run.name, PROBLEMS), Dispatch)
+    in_call, generate, stop = threading.Event(), producer.backend.generate, threading.Event()
+
+    def stopped_meanwhile(*args, **kwargs):
+        in_call.set()
+        assert stop.wait(30)
+        return generate(*args, **kwargs)
+
+    producer.backend.generate = stopped_meanwhile
+    thread = threading.Thread(target=producer.run, args=(stop,))
+    thread.start()
+    assert in_call.wait(30)
+    stop.set()
+    thread.join(60)
+    assert not thread.is_alive()
+    answered = {g.dispatch_id for g in records(broker, topic_name(cfg.run.name, ROLLOUTS), RolloutGroup)}
+    assert answered == {d.dispatch_id for d in dispatched}
+    assert sum(broker.committed.values()) == len(dispatched)
+
+
 def test_a_batch_the_broker_did_not_take_is_published_again_without_a_restart(pipeline):
     """The flush before the snapshot's commit fails (the batch not sent yet), then the flush
     after the batch was sent: each retried step sends what is missing, and the learner's topic
