@@ -56,7 +56,7 @@ def run_learner(tmp_path, run_dir, torchrun: bool) -> dict[int, float]:
     config.write_text(f'[run]\nrun_dir = "{run_dir}"\ndevice = "cuda"\n[scheduler]\ntau_max = 100\n'
                       "[learner]\nlr = 1e-3\neval_every = 0\ncheckpoint_every = 2\nmicro_batch_tokens = 64\nmax_steps = 3\n")
     args = ["-m", "prl.cli", "learner", "--config", str(config), "--batches-from", str(tmp_path / "batches.arrow")]
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"] if torchrun else []
+    launcher = ["-m", "prl.learner.torchrun", "--standalone", "--nproc_per_node=1"] if torchrun else []
     out = subprocess.run([sys.executable, *launcher, *args], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics-learner.jsonl").read_text().splitlines()]
