@@ -13,6 +13,8 @@ Loop, top to bottom:
      the batch names the rollouts' messages instead of copying them); the state is
      snapshotted before each batch goes out;
   5. top up dispatches to the in-flight bound.
+Stopped between steps (SIGTERM), it snapshots once more: a restarted scheduler then knows the
+dispatches issued since the last batch and uses their answers instead of sending them again.
 
 Beside training, the scheduler has the fleet evaluate the held-out set at the versions due
 (scheduler/evaluation.py); once the learner has taken its last step, the scheduler waits for
@@ -35,6 +37,7 @@ from prl import epochs
 from prl.ending import declare_finished
 from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
+from prl.transport import TransportError
 from prl.trust import version_problem
 from prl.tasks import group_indices, heldout_problems, train_problems
 from prl.formulas import annealed_beta, group_outcome, has_signal
@@ -520,6 +523,17 @@ class Scheduler(Service):
         self.archive.flush()  # what the committed offsets cover is archived, too
         self.deliver(self.rollouts)  # the dead letters they explain are on their topic first
         self.log.info("snapshot_written", uri=uri, seq=self.next_seq, in_flight=len(self.in_flight))
+
+    def stopped(self) -> None:
+        """Snapshot what was dispatched and accepted since the last batch's snapshot (a batch a
+        failed step did not send stays pending). With the broker away the flush fails first and
+        nothing is written: the next scheduler starts from the snapshot before, as after a kill."""
+        try:
+            self.flush()
+            self.snapshot(pending=self.unpublished)
+        except TransportError as exc:
+            self.log.warning("no_snapshot_at_stop", error=str(exc)[:300],
+                             why="the next scheduler starts from the snapshot before and dispatches again")
 
     def restore(self, new_broker: bool = False) -> None:
         """Continue from the newest snapshot. ``new_broker``: the transport's broker began with

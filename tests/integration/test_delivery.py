@@ -100,6 +100,28 @@ def test_a_producer_stopped_in_its_engine_call_publishes_the_call_and_commits_it
     assert sum(broker.committed.values()) == len(dispatched)
 
 
+def test_a_scheduler_stopped_between_batches_uses_the_answers_to_what_it_dispatched(pipeline):
+    """Stopped (SIGTERM) after dispatching and before any batch, the scheduler snapshots: the
+    next one knows those dispatches and uses their answers (from the snapshot before, or none,
+    it ignored them as unknown and dispatched the problems anew)."""
+    import threading
+
+    from prl.scheduler.service import Scheduler
+
+    cfg, broker, scheduler, producer = pipeline
+    scheduler.step()
+    dispatched = records(broker, topic_name(cfg.run.name, PROBLEMS), Dispatch)
+    stop = threading.Event()
+    stop.set()
+    scheduler.run(stop)  # stops before its next step
+    producer.step()
+    rebalance(broker, f"{cfg.run.name}.scheduler")
+    second = Scheduler(cfg, MemoryTransport(broker))
+    assert set(second.in_flight) == {d.dispatch_id for d in dispatched}
+    second.step()
+    assert second.groups_returned == len(dispatched) and not second.counters.get("duplicate_or_unknown_results")
+
+
 def test_a_batch_the_broker_did_not_take_is_published_again_without_a_restart(pipeline):
     """The flush before the snapshot's commit fails (the batch not sent yet), then the flush
     after the batch was sent: each retried step sends what is missing, and the learner's topic
