@@ -1,8 +1,9 @@
 """Faults over a real broker and a real S3 server: scheduler, two producers and learner run as
 `prl` processes with checkpoints and snapshots on S3; each service is killed with SIGKILL in
-turn (and, separately, the broker is killed and restarted on its S3 storage; the network
-between every service and the broker fails for a while; and hostile messages are written to
-the policy and batch topics while the run trains). Then:
+turn, or stopped with SIGTERM in turn (then nothing is done twice); separately, the broker is
+killed and restarted on its S3 storage, the network between every service and the broker
+fails for a while, and hostile messages are written to the policy and batch topics while the
+run trains. Then:
 
 - no dispatched problem was lost: each dispatch was answered, dispatched again later, or is
   in flight in the scheduler's last snapshot;
@@ -71,6 +72,39 @@ def test_kill_9_each_service_in_turn(s3, tmp_path, run_name):
         cluster.stop_all()
         broker.stop()
     print(f"\nkill -9: {figures}")
+
+
+def test_a_rolling_restart_by_sigterm_does_nothing_twice(s3, tmp_path, run_name):
+    """Each service stopped with SIGTERM (a rollout, a drained node) and started again in turn:
+    the invariants hold as after kill -9, and no work is done again: the scheduler's successor
+    knows what it dispatched (it ignores no answer as unknown), and the learner's resumes at
+    the step it stopped after, not at its checkpoint before (it trains no step again)."""
+    from prl.scheduler.snapshot import read_snapshot
+
+    broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
+    cluster = Cluster(tmp_path, broker, run_name, max_steps=MAX_STEPS + 6)  # the learner is stopped last
+    try:
+        cluster.start_all()
+        step = 2
+        cluster.wait_for_step(step)
+        for name in SERVICES:
+            if name == "learner":  # the step it finishes when stopped is not a checkpoint's
+                wait_until(lambda: cluster.step() % CHECKPOINT_EVERY == 1, 60, "a version past a checkpoint", 0.05)
+            cluster.stop(name)
+            cluster.start(name)
+            step += 3
+            cluster.wait_for_step(step)
+        cluster.finish()
+        figures = check_invariants(cluster)
+    finally:
+        cluster.stop_all()
+        broker.stop()
+    stopped_at = figures["killed_at"]
+    assert stopped_at % CHECKPOINT_EVERY, "the learner was stopped at a checkpoint: nothing shown"
+    assert [ln["version"] for ln in cluster.logs("learner")[1] if ln.get("event") == "resumed"] == [stopped_at]
+    assert min(ln["step"] for ln in cluster.logs("learner")[1] if ln.get("event") == "step") == stopped_at + 1
+    assert not read_snapshot(cluster.run_dir)[0]["counters"].get("duplicate_or_unknown_results")
+    print(f"\nSIGTERM: {figures}")
 
 
 def test_the_pipeline_goes_on_by_itself_after_the_network_fails_for_30_s(s3, tmp_path, run_name):

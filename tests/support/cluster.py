@@ -71,6 +71,11 @@ class Cluster:
     def kill(self, name: str) -> None:
         self.procs[name].stop(signal.SIGKILL)
 
+    def stop(self, name: str) -> None:
+        """SIGTERM, as Kubernetes stops a pod: the service finishes its step and exits 0."""
+        code = self.procs[name].stop(signal.SIGTERM, timeout_s=60)
+        assert code == 0, f"{name} exited {code} when stopped:\n{self.tail(name)}"
+
     def step(self) -> int:
         """The newest policy version the learner has published."""
         latest = storage.read_latest(policy_root(self.run_dir))
@@ -83,9 +88,11 @@ class Cluster:
 
     def wait_for_step(self, step: int, timeout_s: float = 300) -> None:
         def reached():
+            if self.step() >= step:  # at max_steps the others may have finished since
+                return True
             for name, p in self.procs.items():
                 assert p.proc.poll() is None or name == "learner", f"{name} exited:\n{self.tail(name)}"
-            return self.step() >= step
+            return False
         wait_until(reached, timeout_s, f"learner step {step}", 0.5)
 
     def finish(self) -> None:
