@@ -13,6 +13,7 @@ Loop, top to bottom:
      the batch names the rollouts' messages instead of copying them); the state is
      snapshotted before each batch goes out;
   5. top up dispatches to the in-flight bound.
+
 Stopped between steps (SIGTERM), it snapshots once more: a restarted scheduler then knows the
 dispatches issued since the last batch and uses their answers instead of sending them again.
 
