@@ -26,8 +26,13 @@ from prl.schemas import DecodeError, decode, encode, headers, topic_name
 # fault heals, a service is back within this (kafka-python reconnects within 2 s, kafka.py).
 MIN_BACKOFF_S, MAX_BACKOFF_S = 0.5, 5.0
 # A service whose steps have failed on the transport this long says so once and answers /health
-# with 503 (Kubernetes restarts it); a service that steps slower than this is called stalled too.
+# with 503 (Kubernetes restarts it).
 STALL_S = 120.0
+# A step is hung (/health 503) once it has run HUNG_STEP_S and HUNG_STEP_FACTOR times as long as
+# the slowest step before it. RL steps are long (a learner step of 64 groups x 8 x 4k tokens, a
+# checkpoint written in it, or a producer's engine call of that size take minutes on a GPU): a
+# probe must restart a service that hangs, not one that works.
+HUNG_STEP_S, HUNG_STEP_FACTOR = 1800.0, 10
 RECORD_OVERHEAD = 128  # bytes Kafka's record batch framing adds to a message's key, value and headers
 
 
@@ -66,6 +71,21 @@ class Outage:
         self.since, self.backoff, self.said = None, MIN_BACKOFF_S, False
 
 
+def health(now: float, ended: bool, outage_since: float | None, step_started_at: float | None,
+           slowest_step_s: float) -> str:
+    """What /health says: "finished" (waiting to be stopped), "stalled" (steps failing on the
+    transport for STALL_S, until one succeeds), "hung" (a step running far longer than any
+    before it) or "ok"."""
+    if ended:
+        return "finished"
+    if outage_since is not None and now - outage_since >= STALL_S:
+        return "stalled"
+    patience = max(HUNG_STEP_S, HUNG_STEP_FACTOR * slowest_step_s)
+    if step_started_at is not None and now - step_started_at > patience:
+        return "hung"
+    return "ok"
+
+
 class TooBig(ValueError):
     """A record larger than a message may be."""
 
@@ -93,6 +113,9 @@ class Service:
         self.counters: dict[str, int] = {}
         self.seconds: dict[str, float] = {}  # time per phase (decode, encode, kafka_io, ...), see timed()
         self.last_step_at = time.monotonic()
+        self.step_started_at: float | None = None  # while a step runs
+        self.slowest_step_s = 0.0  # of the steps that succeeded
+        self.outage = Outage(self)
 
     def topic(self, kind: str) -> str:
         return topic_name(self.cfg.run.name, kind)
@@ -196,13 +219,14 @@ class Service:
         step is tried again after a growing wait: what it published and was not acknowledged is
         kept by the publisher and sent again, what it polled and did not commit stays
         uncommitted. A transport that makes no progress for ``STALL_S`` is said once
-        in one line, and /health answers 503 from then, so Kubernetes restarts the pod."""
+        in one line, and /health answers 503 from then, so Kubernetes restarts the pod; so it
+        does while a step hangs (``health``)."""
         from prl.status import StatusServer
 
         stop = stop or threading.Event()
         host, _, port = http.rpartition(":")
         try:
-            status = StatusServer(self, int(port), host=host.strip("[]"), stall_s=STALL_S) if http and self.answers_http else None
+            status = StatusServer(self, int(port), host=host.strip("[]")) if http and self.answers_http else None
         except OSError as exc:  # the port taken, or an address this host does not have
             raise ServiceStopped(f"--http {http}: {exc.strerror or exc}; give a free port on an address of this host") from None
         try:
@@ -223,15 +247,23 @@ class Service:
     def loop(self, stop: threading.Event) -> bool:
         """Step until a step says finished (True) or ``stop`` is set (False), trying a step that
         failed on the transport again after a growing wait."""
-        outage = Outage(self)
         while not self.stop_requested(stop):
+            self.step_started_at = started = time.monotonic()
             try:
                 done = self.step()
             except TransportError as exc:
-                stop.wait(outage.failed(exc))
+                self.step_started_at = None
+                stop.wait(self.outage.failed(exc))
                 continue
-            outage.over()
-            self.last_step_at = time.monotonic()
+            self.outage.over()
+            self.last_step_at, self.step_started_at = time.monotonic(), None
+            self.slowest_step_s = max(self.slowest_step_s, self.last_step_at - started)
             if done:
                 return True
         return False
+
+    def health(self) -> dict:
+        """/health's answer (prl/status.py): ``health``'s status and the seconds since the last step."""
+        now = time.monotonic()
+        return {"status": health(now, self.ended, self.outage.since, self.step_started_at, self.slowest_step_s),
+                "service": self.name, "seconds_since_step": round(now - self.last_step_at, 3)}

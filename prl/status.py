@@ -1,7 +1,8 @@
 """/health and /metrics over HTTP for probes and Prometheus, one small server per service.
 
-/health answers 200 while the service loop keeps stepping (503 once it has not stepped
-for ``stall_s``), and 200 with status "finished" once it waits to be stopped after its run;
+/health answers 200 while the service works (503 once its steps have failed on the transport
+for a while, or one hangs: prl/service.py ``health``), and 200 with status "finished" once it
+waits to be stopped after its run;
 /metrics is the Prometheus text format of the service's counters and gauges (``finished`` 1
 once it waits), names ``prl_<service>_<key>``.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -26,9 +26,8 @@ def prometheus_text(service: str, values: dict) -> str:
 
 
 class StatusServer:
-    def __init__(self, service, port: int, host: str = "127.0.0.1", stall_s: float = 120.0):
+    def __init__(self, service, port: int, host: str = "127.0.0.1"):
         self.service = service
-        self.stall_s = stall_s
         handler = self._handler()
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.port = self.httpd.server_address[1]
@@ -42,11 +41,9 @@ class StatusServer:
             def do_GET(self):
                 svc = outer.service
                 if self.path == "/health":
-                    age = time.monotonic() - svc.last_step_at
-                    ok = svc.ended or age < outer.stall_s
-                    state = "finished" if svc.ended else "ok" if ok else "stalled"
-                    body = json.dumps({"status": state, "service": svc.name, "seconds_since_step": round(age, 3)}).encode()
-                    self._send(200 if ok else 503, "application/json", body)
+                    answer = svc.health()
+                    self._send(200 if answer["status"] in ("ok", "finished") else 503, "application/json",
+                               json.dumps(answer).encode())
                 elif self.path == "/metrics":
                     text = prometheus_text(svc.name, {**svc.gauges(), "finished": int(svc.ended)})
                     self._send(200, "text/plain; version=0.0.4", text.encode())

@@ -105,10 +105,12 @@ def test_probes_point_at_the_port_services_listen_on(overlay, tmp_path):
         assert http.startswith("0.0.0.0:")
         port = int(http.rpartition(":")[2])
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        for probe in ("livenessProbe", "readinessProbe"):
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             get = c[probe]["httpGet"]
             assert get["path"] == "/health"
             assert ports.get(get["port"], get["port"]) == port, (w["metadata"]["name"], probe)
+        startup = c["startupProbe"]  # liveness waits for it: the service is built before /health listens
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300 and "initialDelaySeconds" not in c["livenessProbe"]
         assert w["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(port)
 
 

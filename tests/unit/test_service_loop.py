@@ -1,7 +1,11 @@
 """The service loop through a transport that fails: every failed step is tried again after a
 growing wait, an outage past STALL_S is said once as an error, and the first step that
-succeeds says how long it lasted."""
+succeeds says how long it lasted; /health answers 503 for such an outage and for a hung step,
+never for a long one."""
 
+import time
+
+import pytest
 import structlog
 from structlog.testing import capture_logs
 
@@ -38,6 +42,61 @@ def test_an_outage_is_retried_said_once_when_it_stalls_and_its_end_is_logged(mon
     assert events == ["transport_stalled"] + ["transport_error"] * 5 + ["transport_recovered"]
     assert [e["retry_in_s"] for e in logs[1:6]] == [0.002, 0.004, 0.004, 0.004, 0.004]  # doubling, capped
     assert "bootstrap_servers" in logs[0]["fix"] and "ECONNREFUSED" in logs[0]["error"]
+
+
+@pytest.mark.parametrize("outage_s, running_s, slowest_s, status", [
+    (None, None, 0.0, "ok"),
+    (119.0, None, 0.0, "ok"), (121.0, None, 0.0, "stalled"),  # steps failing on the transport
+    (None, 1000.0, 0.0, "ok"), (None, 1801.0, 0.0, "hung"), (None, 1801.0, 150.0, "hung"),  # HUNG_STEP_S
+    (None, 2999.0, 300.0, "ok"), (None, 3001.0, 300.0, "hung"),  # and 10 x the slowest step
+])
+def test_health_calls_a_long_step_ok_and_a_hung_step_or_a_transport_outage_not(outage_s, running_s, slowest_s, status):
+    """Before, a step running past STALL_S (120 s) answered 503: a GPU learner step or a
+    producer's engine call of minutes was restarted by its liveness probe, again and again."""
+    now = 10_000.0
+    since = None if outage_s is None else now - outage_s
+    started = None if running_s is None else now - running_s
+    assert service.health(now, False, since, started, slowest_s) == status
+    assert service.health(now, True, since, started, slowest_s) == "finished"
+
+
+def test_health_answers_503_while_the_transport_stalls_and_200_again_once_a_step_succeeds(monkeypatch):
+    import json
+    import threading
+
+    from tests.support.servers import free_port, wait_until
+
+    class Healing(Flaky):
+        def __init__(self):
+            super().__init__(failures=0)
+            self.healed, self.done = threading.Event(), threading.Event()
+
+        def step(self):
+            if not self.healed.is_set():
+                raise TransportError("poll failed: KafkaConnectionError: 111 ECONNREFUSED")
+            return self.done.wait(0.01)
+
+    monkeypatch.setattr(service, "MIN_BACKOFF_S", 0.001)
+    monkeypatch.setattr(service, "MAX_BACKOFF_S", 0.004)
+    monkeypatch.setattr(service, "STALL_S", 0.05)
+    svc, port = Healing(), free_port()
+    runner = threading.Thread(target=svc.run, args=(None, f"127.0.0.1:{port}"))
+    runner.start()
+    try:
+        def answer():
+            try:
+                code, body = get(f"http://127.0.0.1:{port}/health")
+            except OSError:  # not listening yet
+                return None
+            return code, json.loads(body)["status"]
+        wait_until(lambda: answer() == (503, "stalled"), 10, "/health to say the transport stalled")
+        svc.healed.set()
+        wait_until(lambda: answer() == (200, "ok"), 10, "/health to say ok once a step succeeded")
+    finally:
+        svc.healed.set()
+        svc.done.set()
+        runner.join(10)
+    assert not runner.is_alive()
 
 
 def get(url: str) -> tuple[int, str]:
@@ -86,8 +145,6 @@ def test_a_finished_service_returns_by_default():
 
 def test_a_taken_http_port_stops_the_service_with_one_line_before_any_step():
     import socket
-
-    import pytest
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
