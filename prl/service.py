@@ -71,7 +71,7 @@ class Outage:
         self.since, self.backoff, self.said = None, MIN_BACKOFF_S, False
 
 
-def health(now: float, ended: bool, outage_since: float | None, step_started_at: float | None,
+def health_status(now: float, ended: bool, outage_since: float | None, step_started_at: float | None,
            slowest_step_s: float) -> str:
     """What /health says: "finished" (waiting to be stopped), "stalled" (steps failing on the
     transport for STALL_S, until one succeeds), "hung" (a step running far longer than any
@@ -220,7 +220,7 @@ class Service:
         kept by the publisher and sent again, what it polled and did not commit stays
         uncommitted. A transport that makes no progress for ``STALL_S`` is said once
         in one line, and /health answers 503 from then, so Kubernetes restarts the pod; so it
-        does while a step hangs (``health``)."""
+        does while a step hangs (``health_status``)."""
         from prl.status import StatusServer
 
         stop = stop or threading.Event()
@@ -263,7 +263,7 @@ class Service:
         return False
 
     def health(self) -> dict:
-        """/health's answer (prl/status.py): ``health``'s status and the seconds since the last step."""
+        """/health's answer (prl/status.py): its status (``health_status``) and the seconds since the last step."""
         now = time.monotonic()
-        return {"status": health(now, self.ended, self.outage.since, self.step_started_at, self.slowest_step_s),
+        return {"status": health_status(now, self.ended, self.outage.since, self.step_started_at, self.slowest_step_s),
                 "service": self.name, "seconds_since_step": round(now - self.last_step_at, 3)}

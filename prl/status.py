@@ -1,8 +1,8 @@
 """/health and /metrics over HTTP for probes and Prometheus, one small server per service.
 
 /health answers 200 while the service works (503 once its steps have failed on the transport
-for a while, or one hangs: prl/service.py ``health``), and 200 with status "finished" once it
-waits to be stopped after its run;
+for a while, or one hangs: prl/service.py ``health_status``), and 200 with status "finished"
+once it waits to be stopped after its run;
 /metrics is the Prometheus text format of the service's counters and gauges (``finished`` 1
 once it waits), names ``prl_<service>_<key>``.
 """

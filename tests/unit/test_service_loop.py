@@ -56,8 +56,8 @@ def test_health_calls_a_long_step_ok_and_a_hung_step_or_a_transport_outage_not(o
     now = 10_000.0
     since = None if outage_s is None else now - outage_s
     started = None if running_s is None else now - running_s
-    assert service.health(now, False, since, started, slowest_s) == status
-    assert service.health(now, True, since, started, slowest_s) == "finished"
+    assert service.health_status(now, False, since, started, slowest_s) == status
+    assert service.health_status(now, True, since, started, slowest_s) == "finished"
 
 
 def test_health_answers_503_while_the_transport_stalls_and_200_again_once_a_step_succeeds(monkeypatch):
