@@ -115,6 +115,21 @@ def test_probes_point_at_the_port_services_listen_on(overlay, tmp_path):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gpu_producers_answer_before_their_dispatches_time_out(overlay, tmp_path):
+    """A vLLM producer's engine call takes minutes (64 dispatches x 8 x up to 4,096 tokens), and
+    a stopped one finishes it within its grace period: at least that long before the scheduler
+    dispatches the problems again, or most are generated twice."""
+    _, docs = build(overlay, tmp_path)
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(config_of(docs))
+    cfg = load_config(config_file)
+    if cfg.producer.backend != "vllm":
+        pytest.skip(f"{overlay}: producers not on vLLM")
+    producer = next(w for w in workloads(docs) if w["metadata"]["name"] == "prl-producer")
+    assert cfg.scheduler.dispatch_timeout_s >= producer["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_services_wait_when_their_run_is_finished(overlay, tmp_path):
     """Deployments and StatefulSets restart a container that exits, even with 0: in back-off,
     each restart loading its model again, the finished run shown as CrashLoopBackOff."""
