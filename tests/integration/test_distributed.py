@@ -105,8 +105,9 @@ def test_two_ranks_in_one_pod_answer_health_on_one_port_and_checkpoint_when_stop
     """The ranks of a pod share its network: rank 0 alone serves --http (rank 1 binding the
     same port took the job down), and answers for the learner until it is stopped. SIGTERM to
     torchrun (a pod's end) three steps past the last checkpoint stops both ranks after the
-    same step, they checkpoint it together, and torchrun exits 143 without a traceback; a step of rank 0 that failed on the transport
-    meanwhile put them out of step in no way."""
+    same step, they checkpoint it together, and prl.learner.torchrun exits 143 without a
+    traceback; a step of rank 0 that failed on the transport meanwhile put them out of step in
+    no way."""
     import signal
 
     from tests.support.servers import free_port, wait_until
