@@ -267,14 +267,19 @@ class Learner(Service):
             if self.announce_stored(version):
                 break
 
+    def stored_meta(self, version: int) -> dict | None:
+        """``version``'s version.json as storage holds it; None if it is pruned or was cut off mid-write."""
+        try:
+            return read_meta(f"{policy_root(self.cfg.run.run_dir)}/{version_name(version)}", version)
+        except VersionRejected:
+            return None  # pruned (older than the kept chains) or half-written: later versions will say it
+
     def announce_stored(self, version: int, last_seq: int | None = None) -> bool:
         """Announce ``version`` as storage holds it, trained on the batches up to ``last_seq``
         (None: as its version.json says); False if it is pruned or was cut off mid-write."""
         uri = f"{policy_root(self.cfg.run.run_dir)}/{version_name(version)}"
-        try:
-            meta = read_meta(uri, version)
-        except VersionRejected:
-            return False  # pruned (older than the kept chains) or half-written: later versions will say it
+        if (meta := self.stored_meta(version)) is None:
+            return False
         last_seq = meta.get("last_batch_seq") if last_seq is None else last_seq
         if not isinstance(last_seq, int) or last_seq < self.last_seq:
             return False
@@ -283,10 +288,20 @@ class Learner(Service):
 
     def pass_over_batches_through(self, seq: int) -> None:
         """Batches up to ``seq`` will never come (`prl run` continued: they went to a broker gone
-        with the earlier process, untrained): take the next from ``seq + 1`` on."""
+        with the earlier process, untrained): take the next from ``seq + 1`` on. Among them are
+        those that made the versions an earlier learner wrote past this one's checkpoint (killed
+        between checkpoints): go on from the newest whole one, at the batch it was trained to, as
+        the scheduler and producers, which saw it, do (made again, those versions would be
+        announced to nobody, and the scheduler would wait for them with batches in hand)."""
         if seq > self.last_seq:
             self.log.warning("batches_passed_over", seqs=f"{self.last_seq + 1}..{seq}", why="lost with an earlier broker")
             self.last_seq = seq
+        for version in range(self.published, self.version, -1):
+            if (meta := self.stored_meta(version)) is not None and isinstance(meta.get("last_batch_seq"), int):
+                self.log.warning("versions_passed_over", versions=f"{self.version + 1}..{version}",
+                                 why="the earlier learner's, past its checkpoint; their batches are lost")
+                self.version, self.last_seq = version, max(self.last_seq, meta["last_batch_seq"])
+                break
 
     def announce(self, record: PolicyVersion) -> None:
         self.send(POLICY, record, key=self.cfg.run.name.encode())

@@ -381,3 +381,34 @@ def test_a_learner_whose_batch_file_ends_between_checkpoints_checkpoints_its_las
     wait_until(learner.step, 60, "the batch file's end")
     assert learner.version == 3 and checkpoint.latest_uri(cfg.run.run_dir).endswith("step-00000003")
     learner.close()
+
+
+def test_a_continued_prl_run_whose_learner_was_killed_between_checkpoints_goes_on(tmp_path):
+    """`prl run` killed between checkpoints (Ctrl-C twice, SIGKILL) and continued: its learner
+    resumes at its checkpoint (2) while version 3 is in storage, served and known to the
+    scheduler, and the batch that made it went with the in-memory broker. The learner numbers on
+    from 3: a batch of version-3 rollouts makes version 4, announced. Before, it was dead-lettered
+    as from the future (so was every batch after it); and with that allowed, the versions made
+    again went unannounced while the scheduler waited for them: the continued run hung."""
+    import dataclasses
+
+    from prl.learner.service import Learner
+    from prl.schemas import PolicyVersion
+    from prl.schemas.topics import POLICY
+    from tests.unit.test_grpo import random_rollouts
+
+    first, _, _ = learner_on_batches(tmp_path, 3)
+    while first.version < 3:
+        first.step()
+    first.announce_written(wait=True)  # then killed: no checkpoint of step 3
+    broker = MemoryBroker()
+    second = Learner(first.cfg, MemoryTransport(broker))
+    assert (second.version, second.published) == (2, 3)
+    second.pass_over_batches_through(2)
+    rollouts = [dataclasses.replace(r, policy_version=3) for r in random_rollouts(8, seed=9)]
+    broker.append(topic_name(first.cfg.run.name, BATCHES), encode(TrainBatch("b3", 3, 3, 0, rollouts)), b"k", [])
+    wait_until(lambda: second.step() or second.version == 4, 30, "the batch trained")
+    second.announce_written(wait=True)
+    assert not second.counters.get("dead_lettered/future_rollout") and second.last_seq == 3
+    assert [r.version for r in records(broker, topic_name(first.cfg.run.name, POLICY), PolicyVersion)] == [2, 3, 4]  # its own, the newest in storage, its next
+    second.close()
