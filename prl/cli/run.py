@@ -8,7 +8,6 @@ checkpoints, metrics.jsonl and learning_curve.png.
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ import structlog
 from prl import logs
 from prl.cli import keep_config
 from prl.cli.console import Console, summary_table
+from prl.cli.interrupt import Interrupt
 from prl.devices import limit_heap_fragmentation
 from prl.errors import UsageError
 from prl.metrics import MetricsSink, read_run_metrics
@@ -63,42 +63,6 @@ def command(args, cfg) -> int:
         log_file = f"{run_dir}/prl.log" if run_log(cfg.run.run_dir) else "the log"  # as the user wrote the directory
         print(summary_table(summary, files) + f"; details in {log_file}", file=sys.stderr)
     return interrupt.exit_code
-
-
-class Interrupt:
-    """Ctrl-C or SIGTERM stops `prl run` after the step in progress: the learner's state is
-    checkpointed, the curves and summary are written, and the same command continues the run.
-    A second Ctrl-C stops at once."""
-
-    CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal's number, as shells report it
-
-    def __init__(self, json_lines: bool = False):
-        self.event, self.signal_name, self.previous = threading.Event(), None, {}
-        self.json_lines = json_lines  # --log-format json: every console line is JSON
-
-    def __enter__(self) -> "Interrupt":
-        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self.previous[sig] = signal.signal(sig, self.handle)
-        return self
-
-    def handle(self, signum, frame) -> None:
-        if self.event.is_set():
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-        self.event.set()
-        if self.json_lines:
-            print(json.dumps({"event": "stopping_after_this_step", "signal": self.signal_name}), file=sys.stderr)
-        else:
-            print(f"\n{self.signal_name}: stopping after this step (again to stop at once)", file=sys.stderr)
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    @property
-    def exit_code(self) -> int:
-        return self.CODES.get(self.signal_name, 0)
 
 
 def run_log(run_dir: str) -> str | None:

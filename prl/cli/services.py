@@ -1,14 +1,12 @@
 """`prl scheduler|producer|learner`: one service over Kafka (a deployment, or services started
 by hand on one machine), until the run is finished (exit 0, or with --when-finished wait, as in
-a pod, wait for SIGTERM), until SIGTERM (the current step finishes) or until it cannot go on
-(one line, exit 2: prl/cli/__init__.py). Each writes its metrics to
+a pod, wait for SIGTERM), until SIGTERM or Ctrl-C (the current step finishes; a second stops at
+once) or until it cannot go on (one line, exit 2: prl/cli/__init__.py). Each writes its metrics to
 <run_dir>/metrics-<service>.jsonl (a producer's file is named after its id)."""
 
 from __future__ import annotations
 
-import signal
-import threading
-
+from prl.cli.interrupt import Interrupt
 from prl.devices import limit_heap_fragmentation
 from prl.service import Service
 
@@ -38,11 +36,9 @@ def command(args, cfg) -> int:
     filename = f"metrics-{name}-{args.id}.jsonl" if name == "producer" else f"metrics-{name}.jsonl"
     metrics = MetricsSink(cfg.run.run_dir, filename=filename, trackers=make_trackers(cfg, name))
     service = make_service(name, cfg, transport, metrics, args)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        service.run(stop, http=args.http or "", when_finished=args.when_finished)
+        with Interrupt(json_lines=cfg.run.log_format == "json") as interrupt:  # a second Ctrl-C stops at once
+            service.run(interrupt.event, http=args.http or "", when_finished=args.when_finished)
     finally:
         metrics.close()
     return 0

@@ -1,12 +1,13 @@
-"""What Ctrl-C and SIGTERM do to `prl run` (the whole path, with a real signal, is in
-tests/integration/test_pipeline.py): the first asks for a stop after the step, the second stops."""
+"""What Ctrl-C and SIGTERM do to `prl run` and the services (the whole path of `prl run`, with
+a real signal, is in tests/integration/test_pipeline.py): the first asks for a stop after the
+step, the second stops."""
 
 import json
 import signal
 
 import pytest
 
-from prl.cli.run import Interrupt
+from prl.cli.interrupt import Interrupt
 
 
 @pytest.mark.parametrize("json_lines", [False, True])
@@ -28,4 +29,27 @@ def test_handlers_are_restored_after_the_run():
     before = signal.getsignal(signal.SIGINT)
     with Interrupt():
         assert signal.getsignal(signal.SIGINT) != before
+    assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_a_service_stops_after_its_step_at_the_first_ctrl_c_and_at_once_at_the_second(tmp_path, monkeypatch):
+    """`prl learner` (any service) by hand: the first Ctrl-C sets the stop its loop checks
+    between steps; the second interrupts the step in progress, exit 130 as `prl run`."""
+    from prl.cli import main
+    from prl.learner.sources import write_batches
+
+    seen = {}
+
+    class Step:  # a service whose step outlasts both signals
+        def run(self, stop, **_):
+            signal.raise_signal(signal.SIGINT)
+            seen["stop_after_first"] = stop.is_set()
+            signal.raise_signal(signal.SIGINT)
+            seen["went_on_after_second"] = True
+
+    monkeypatch.setattr("prl.cli.services.make_service", lambda *a: Step())
+    write_batches(str(tmp_path / "batches.arrow"), [])
+    before = signal.getsignal(signal.SIGINT)
+    code = main(["learner", "--set", f"run.run_dir={str(tmp_path / 'run')!r}", "--batches-from", str(tmp_path / "batches.arrow")])
+    assert code == 130 and seen == {"stop_after_first": True}
     assert signal.getsignal(signal.SIGINT) == before
