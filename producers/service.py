@@ -14,7 +14,7 @@ Loop, top to bottom:
      without a signal as its rewards only, with producer.drop_zero_signal_completions; one too
      big for a message as an error that says so);
   6. wait for the broker's acknowledgement, then commit the dispatch offsets (a step whose
-     publish failed is delivered by the next before it takes new dispatches).
+     publish failed is delivered by the next before it takes new dispatches, or at a stop).
 
 EvalRequests come on the same topic: each is answered greedily by the version it names and no
 other, the one served or that version rebuilt from storage and swapped in for the call, and the
@@ -44,6 +44,7 @@ from prl.rewards import RewardRunner, load_reward
 from prl.models import base_weight_shapes, resolve_model_dir
 from prl.policy import PolicyReader, VersionRejected, newest_version, version_whole
 from prl.service import Service, TooBig
+from prl.transport import TransportError
 from prl.trust import version_problem
 from prl.evaluation import greedy_rewards
 from prl.schemas import Dispatch, EvalRequest, EvalResult, PolicyVersion, Rollout, RolloutGroup, Sampling
@@ -394,6 +395,18 @@ class Producer(Service):
 
     def gauges(self) -> dict:
         return {**self.counters, "policy_version": self.backend.version}
+
+    def stopped(self) -> None:
+        """Deliver what a failed step left unacknowledged and commit its dispatches: else they
+        would be generated again by another producer. With the broker still away they stay
+        uncommitted, as after a kill."""
+        if not self.publisher.unacknowledged:
+            return
+        try:
+            self.deliver(self.dispatches)
+        except TransportError as exc:
+            self.log.warning("groups_not_delivered_at_stop", error=str(exc)[:300],
+                             why="their dispatches stay uncommitted: another producer generates them again")
 
     def close(self) -> None:
         self.reward.close()

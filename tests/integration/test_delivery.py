@@ -100,6 +100,26 @@ def test_a_producer_stopped_in_its_engine_call_publishes_the_call_and_commits_it
     assert sum(broker.committed.values()) == len(dispatched)
 
 
+def test_a_producer_stopped_after_a_failed_publish_delivers_and_commits_it(pipeline):
+    """Stopped (SIGTERM) while a failed step's groups wait unacknowledged, the producer sends
+    them and commits their dispatches before it exits: no other producer generates them again."""
+    import threading
+
+    cfg, broker, scheduler, producer = pipeline
+    scheduler.step()
+    dispatched = records(broker, topic_name(cfg.run.name, PROBLEMS), Dispatch)
+    producer.publisher = FailingPublisher(broker)
+    producer.publisher.failures = 1
+    with pytest.raises(TransportError):
+        producer.step()
+    stop = threading.Event()
+    stop.set()
+    producer.run(stop)  # the broker back: stops before its next step
+    answered = [g.dispatch_id for g in records(broker, topic_name(cfg.run.name, ROLLOUTS), RolloutGroup)]
+    assert sorted(answered) == sorted(d.dispatch_id for d in dispatched)
+    assert sum(broker.committed.values()) == len(dispatched)
+
+
 def test_a_scheduler_stopped_between_batches_uses_the_answers_to_what_it_dispatched(pipeline):
     """Stopped (SIGTERM) after dispatching and before any batch, the scheduler snapshots: the
     next one knows those dispatches and uses their answers (from the snapshot before, or none,
