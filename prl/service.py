@@ -9,6 +9,7 @@ exits) waits for ``stop``, its connections closed.
 
 from __future__ import annotations
 
+import faulthandler
 import threading
 import time
 from contextlib import contextmanager
@@ -115,6 +116,7 @@ class Service:
         self.last_step_at = time.monotonic()
         self.step_started_at: float | None = None  # while a step runs
         self.slowest_step_s = 0.0  # of the steps that succeeded
+        self.hung_step_said: float | None = None  # the start of the step whose hang was logged
         self.outage = Outage(self)
 
     def topic(self, kind: str) -> str:
@@ -265,5 +267,9 @@ class Service:
     def health(self) -> dict:
         """/health's answer (prl/status.py): its status (``health_status``) and the seconds since the last step."""
         now = time.monotonic()
-        return {"status": health_status(now, self.ended, self.outage.since, self.step_started_at, self.slowest_step_s),
-                "service": self.name, "seconds_since_step": round(now - self.last_step_at, 3)}
+        status = health_status(now, self.ended, self.outage.since, self.step_started_at, self.slowest_step_s)
+        if status == "hung" and self.hung_step_said != self.step_started_at:
+            self.hung_step_said = self.step_started_at
+            self.log.error("step_hung", seconds=round(now - self.step_started_at), stacks="on stderr, below")
+            faulthandler.dump_traceback(all_threads=True)  # where it hangs, before the probe restarts it
+        return {"status": status, "service": self.name, "seconds_since_step": round(now - self.last_step_at, 3)}

@@ -99,6 +99,39 @@ def test_health_answers_503_while_the_transport_stalls_and_200_again_once_a_step
     assert not runner.is_alive()
 
 
+def test_a_hung_step_is_logged_once_with_every_threads_stack(monkeypatch, capfd):
+    """Before the liveness probe restarts a hung service, its log says where it hangs."""
+    import threading
+
+    from tests.support.servers import wait_until
+
+    class Hanging(Flaky):
+        def __init__(self):
+            super().__init__(failures=0)
+            self.release = threading.Event()
+
+        def step(self):
+            return self.wait_for_a_lock_that_never_comes()
+
+        def wait_for_a_lock_that_never_comes(self):
+            return self.release.wait(30)
+
+    monkeypatch.setattr(service, "HUNG_STEP_S", 0.05)
+    svc = Hanging()
+    svc.log = structlog.get_logger("hanging")
+    runner = threading.Thread(target=svc.run)
+    runner.start()
+    try:
+        with capture_logs() as logs:
+            wait_until(lambda: svc.health()["status"] == "hung", 10, "the step to be called hung")
+            svc.health()  # asked again by the next probe: said once
+    finally:
+        svc.release.set()
+        runner.join(10)
+    assert [e["event"] for e in logs] == ["step_hung"]
+    assert "in wait_for_a_lock_that_never_comes" in capfd.readouterr().err
+
+
 def get(url: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
