@@ -10,6 +10,7 @@ exits) waits for ``stop``, its connections closed.
 from __future__ import annotations
 
 import faulthandler
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -271,5 +272,5 @@ class Service:
         if status == "hung" and self.hung_step_said != self.step_started_at:
             self.hung_step_said = self.step_started_at
             self.log.error("step_hung", seconds=round(now - self.step_started_at), stacks="on stderr, below")
-            faulthandler.dump_traceback(all_threads=True)  # where it hangs, before the probe restarts it
+            faulthandler.dump_traceback(sys.__stderr__, all_threads=True)  # where it hangs, before the probe restarts it
         return {"status": status, "service": self.name, "seconds_since_step": round(now - self.last_step_at, 3)}

@@ -10,6 +10,7 @@ lives in its own module here (run, services, inspect, replay, prepare).
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 import os
@@ -84,7 +85,8 @@ def keep_config(cfg) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a failure a person can fix is one line on stderr and exit code 2
-    (``--debug`` shows the traceback)."""
+    (``--debug`` shows the traceback). ``kill -USR1`` prints where every thread is to stderr."""
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     args = build_parser().parse_args(argv)
     try:
         code = dispatch(args)

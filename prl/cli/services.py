@@ -6,9 +6,6 @@ once) or until it cannot go on (one line, exit 2: prl/cli/__init__.py). Each wri
 
 from __future__ import annotations
 
-import faulthandler
-import signal
-
 from prl.cli.interrupt import Interrupt
 from prl.devices import limit_heap_fragmentation
 from prl.service import Service
@@ -39,7 +36,6 @@ def command(args, cfg) -> int:
     filename = f"metrics-{name}-{args.id}.jsonl" if name == "producer" else f"metrics-{name}.jsonl"
     metrics = MetricsSink(cfg.run.run_dir, filename=filename, trackers=make_trackers(cfg, name))
     service = make_service(name, cfg, transport, metrics, args)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: where every thread is, on stderr
     try:
         with Interrupt(json_lines=cfg.run.log_format == "json") as interrupt:  # a second Ctrl-C stops at once
             service.run(interrupt.event, http=args.http or "", when_finished=args.when_finished)

@@ -5,7 +5,9 @@ tests/integration/test_faults.py and `prl bench faults`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -27,6 +29,7 @@ MAX_STEPS = 14
 CHECKPOINT_EVERY = 3  # a killed learner has usually published versions its last checkpoint lacks
 TAU_MAX = 10
 SERVICES = ("scheduler", "producer-0", "producer-1", "learner")
+REPO = Path(__file__).resolve().parents[2]
 
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -93,17 +96,41 @@ class Cluster:
             for name, p in self.procs.items():
                 assert p.proc.poll() is None or name == "learner", f"{name} exited:\n{self.tail(name)}"
             return False
-        wait_until(reached, timeout_s, f"learner step {step}", 0.5)
+        self.wait(reached, timeout_s, f"learner step {step}")
 
     def finish(self) -> None:
         """The learner reaches max_steps; the scheduler and producers see it and exit 0 on
         their own, nobody is signalled."""
-        wait_until(lambda: self.procs["learner"].proc.poll() is not None, 300, "the learner to finish", 0.5)
-        wait_until(lambda: all(p.proc.poll() is not None for p in self.procs.values()), 120,
-                   "the scheduler and producers to finish after the learner", 0.5)
+        self.wait(lambda: self.procs["learner"].proc.poll() is not None, 300, "the learner to finish")
+        self.wait(lambda: all(p.proc.poll() is not None for p in self.procs.values()), 120,
+                  "the scheduler and producers to finish after the learner")
         for name, p in self.procs.items():
             assert p.proc.returncode == 0, f"{name}:\n{self.tail(name)}"
         self.procs.clear()  # all exited; a continuation starts its own
+
+    def wait(self, predicate, timeout_s: float, what: str) -> None:
+        """wait_until; on a timeout the error holds where each live service is (its stacks)."""
+        try:
+            wait_until(predicate, timeout_s, what, 0.5)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; where each service was:\n{self.stacks()}") from None
+
+    def stacks(self) -> str:
+        """Each live service's threads that are in this repository's code, as `kill -USR1` has
+        the service write them to its log (kafka-python's own threads left out)."""
+        out = []
+        for name, p in self.procs.items():
+            if p.proc.poll() is not None:
+                continue
+            size = p.log_path.stat().st_size
+            os.kill(p.proc.pid, signal.SIGUSR1)
+            with contextlib.suppress(TimeoutError):
+                wait_until(lambda: b"most recent call first" in p.log_path.read_bytes()[size:], 10, "stacks", 0.1)
+            dump = p.log_path.read_bytes()[size:].decode(errors="replace")
+            ours = [b for b in dump.split("\n\n") if "most recent call first" in b and any(
+                str(REPO) in line and "site-packages" not in line for line in b.splitlines())]
+            out.append(f"--- {name}\n" + "\n\n".join(ours or dump.split("\n\n")[-1:]))  # else the main thread
+        return "\n".join(out)
 
     def stop_all(self) -> None:
         for p in self.procs.values():
