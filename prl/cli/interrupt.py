@@ -10,9 +10,9 @@ import threading
 
 
 class Interrupt:
-    """Ctrl-C or SIGTERM stops `prl run` after the step in progress: the learner's state is
-    checkpointed, the curves and summary are written, and the same command continues the run.
-    A second Ctrl-C stops at once."""
+    """The first Ctrl-C or SIGTERM sets ``event``, which the command's loop checks between
+    steps (`prl run` then checkpoints, writes its curves and summary, and the same command
+    continues the run); a second stops at once (KeyboardInterrupt)."""
 
     CODES = {"SIGINT": 130, "SIGTERM": 143}  # 128 + the signal's number, as shells report it
 
