@@ -128,18 +128,18 @@ def test_fuzzed_topics_are_dead_lettered_and_training_goes_on(transport_cfg):
         t.start()
     consumers = 5  # problems: producer; rollouts: scheduler; batches: learner; policy: scheduler and producer
     reader = transport.subscriber([topic_name(cfg.run.name, DEADLETTER)], group=None)
-    dead: list[DeadLetter] = []
+    letters: list[bytes] = []  # decoded once the services stop: not while they share this process
 
     def done():
         assert all(t.is_alive() for t in threads[:2]), "a service crashed"
-        dead.extend(decode(m.value, DeadLetter) for m in reader.poll(0.2, max_records=5000))
-        return services[2].version >= 3 and len(dead) >= consumers * per_topic
+        letters.extend(m.value for m in reader.poll(0.2, max_records=5000))
+        return services[2].version >= 3 and len(letters) >= consumers * per_topic
 
     try:
         try:
             wait_until(done, 900, "three training steps and every malformed message dead-lettered", 0)
         except TimeoutError as exc:  # say where it stopped (one run in CI stalled here, cause not found)
-            seen = Counter((d.service, d.source_topic.rsplit(".", 1)[-1]) for d in dead)
+            seen = Counter((d.service, d.source_topic.rsplit(".", 1)[-1]) for d in (decode(v, DeadLetter) for v in letters))
             raise TimeoutError(f"{exc}: learner at step {services[2].version}; dead letters by (service, topic) "
                                f"{dict(seen)}, each consumer should reach {per_topic}") from None
     finally:
@@ -148,7 +148,7 @@ def test_fuzzed_topics_are_dead_lettered_and_training_goes_on(transport_cfg):
             t.join(30)
         reader.close()
     assert services[2].version >= 3 and not any(t.is_alive() for t in threads)
-    assert_each_dead_lettered_once_with_its_bytes(dead, injected)
+    assert_each_dead_lettered_once_with_its_bytes([decode(v, DeadLetter) for v in letters], injected)
 
 
 def inject(cfg, injector, per_topic: int) -> dict[str, list[bytes]]:
