@@ -1,6 +1,12 @@
+import os
 import uuid
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: torch's default of a thread per core in each worker (and in the
+    # services it starts) made the real-model tests 3-4 times slower than alone.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tests.support.servers import KafkaBroker
 
