@@ -550,6 +550,12 @@ class Learner(Service):
     def rank_and_world(self) -> tuple[int, int]:
         return (self.dist.rank, self.dist.world) if self.dist is not None else (0, 1)
 
+    def progress(self):
+        return self.version, self.last_seq
+
+    def waiting_for(self) -> dict:
+        return {"waits_for": "a batch", "batch_seq": self.last_seq + 1, "topic": self.topic(BATCHES)}
+
     def gauges(self) -> dict:
         return {**self.counters, "version": self.version, "last_batch_seq": self.last_seq,
                 "rollouts_generated": self.rollouts_generated}

@@ -35,6 +35,9 @@ STALL_S = 120.0
 # checkpoint written in it, or a producer's engine call of that size take minutes on a GPU): a
 # probe must restart a service that hangs, not one that works.
 HUNG_STEP_S, HUNG_STEP_FACTOR = 1800.0, 10
+# A service whose steps succeed and move nothing this long says what it waits for, and again
+# each time the wait doubles: a pipeline stopped everywhere at once is not silent.
+IDLE_S = 60.0
 RECORD_OVERHEAD = 128  # bytes Kafka's record batch framing adds to a message's key, value and headers
 
 
@@ -71,6 +74,27 @@ class Outage:
             self.service.log.info("transport_recovered", seconds=round(time.monotonic() - self.since, 1))
             self.service.count("transport_recoveries")
         self.since, self.backoff, self.said = None, MIN_BACKOFF_S, False
+
+
+class Idle:
+    """Steps that succeed and move nothing (``Service.progress`` unchanged): after IDLE_S the
+    service logs ``idle`` with what it waits for (``Service.waiting_for``), again at 2, 4, ...
+    times IDLE_S; the first progress after that logs ``idle_over`` with how long it lasted."""
+
+    def __init__(self, service: "Service"):
+        self.service, self.mark, self.since, self.say_at = service, None, time.monotonic(), IDLE_S
+
+    def stepped(self, now: float) -> None:
+        mark = self.service.progress()
+        if mark is None:  # a service that does not say what progress is
+            return
+        if mark != self.mark:
+            if self.say_at > IDLE_S:  # its wait was said
+                self.service.log.info("idle_over", seconds=round(now - self.since, 1))
+            self.mark, self.since, self.say_at = mark, now, IDLE_S
+        elif now - self.since >= self.say_at:
+            self.service.log.info("idle", seconds=round(now - self.since), **self.service.waiting_for())
+            self.say_at *= 2
 
 
 def health_status(now: float, ended: bool, outage_since: float | None, step_started_at: float | None,
@@ -119,6 +143,7 @@ class Service:
         self.slowest_step_s = 0.0  # of the steps that succeeded
         self.hung_step_said: float | None = None  # the start of the step whose hang was logged
         self.outage = Outage(self)
+        self.idle = Idle(self)
 
     def topic(self, kind: str) -> str:
         return topic_name(self.cfg.run.name, kind)
@@ -195,6 +220,15 @@ class Service:
         """Counters and current values for /metrics."""
         return dict(self.counters)
 
+    def progress(self):
+        """What changes when the service gets work done (compared after every step; None: not
+        followed)."""
+        return None
+
+    def waiting_for(self) -> dict:
+        """What it waits for while no work comes (logged with ``idle``)."""
+        return {}
+
     def stop_requested(self, stop: threading.Event) -> bool:
         """Whether to stop before the next step (a learner's ranks take rank 0's word)."""
         return stop.is_set()
@@ -260,6 +294,7 @@ class Service:
                 continue
             self.outage.over()
             self.last_step_at, self.step_started_at = time.monotonic(), None
+            self.idle.stepped(self.last_step_at)
             self.slowest_step_s = max(self.slowest_step_s, self.last_step_at - started)
             if done:
                 return True
@@ -273,4 +308,5 @@ class Service:
             self.hung_step_said = self.step_started_at
             self.log.error("step_hung", seconds=round(now - self.step_started_at), stacks="on stderr, below")
             faulthandler.dump_traceback(sys.__stderr__, all_threads=True)  # where it hangs, before the probe restarts it
-        return {"status": status, "service": self.name, "seconds_since_step": round(now - self.last_step_at, 3)}
+        return {"status": status, "service": self.name, "seconds_since_step": round(now - self.last_step_at, 3),
+                "seconds_idle": round(now - self.idle.since, 3)}

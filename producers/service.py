@@ -393,6 +393,12 @@ class Producer(Service):
                 "mean_reward": sum(r.reward for g in served for r in g.rollouts) / max(1, sum(len(g.rollouts) for g in served)),
                 **self.counters}
 
+    def progress(self):
+        return self.counters.get("groups_published", 0), self.counters.get("evaluations_answered", 0), self.backend.version
+
+    def waiting_for(self) -> dict:
+        return {"waits_for": "dispatches", "policy_version": self.backend.version, "topic": self.topic(PROBLEMS)}
+
     def gauges(self) -> dict:
         return {**self.counters, "policy_version": self.backend.version}
 

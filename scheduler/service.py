@@ -590,6 +590,16 @@ class Scheduler(Service):
             **self.coverage(),
         }
 
+    def progress(self):
+        return self.groups_returned, self.next_seq, self.learner_version, len(self.evaluator.pending)
+
+    def waiting_for(self) -> dict:
+        """The learner, when max_batches_ahead batches wait for it; else answers to its dispatches."""
+        if (ahead := self.batches_ahead()) >= self.cfg.scheduler.max_batches_ahead:
+            return {"waits_for": "the learner", "learner_version": self.learner_version, "batches_ahead": ahead}
+        return {"waits_for": "rollouts", "in_flight": len(self.in_flight), "fresh_groups": len(self.fresh),
+                "evaluations_running": self.evaluator.running(), "topic": self.topic(ROLLOUTS)}
+
     def gauges(self) -> dict:
         return {**self.counters, "learner_version": self.learner_version, "next_seq": self.next_seq,
                 "in_flight": len(self.in_flight), "fresh_groups": len(self.fresh),

@@ -211,6 +211,43 @@ def test_scheduler_stays_at_most_max_batches_ahead(tmp_path):
     assert len(scheduler.in_flight) + len(scheduler.fresh) <= cfg.scheduler.max_in_flight
 
 
+def test_each_service_says_what_it_waits_for_while_no_work_comes(tmp_path):
+    """The silent stall: nothing answers the scheduler's dispatches. Its steps and the learner's
+    move nothing (what they log as ``idle`` after a while, prl/service.py), and each says what
+    it waits for; answers move the scheduler on until max_batches_ahead batches wait, and then
+    it says it waits for the learner."""
+    from prl.learner.service import Learner
+    from prl.producers.service import Producer
+    from prl.scheduler.service import Scheduler
+
+    cfg = small_config(tmp_path, **{"scheduler.max_batches_ahead": 2})
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    scheduler, learner = Scheduler(cfg, transport), Learner(cfg, transport)
+    scheduler.step(), learner.step()
+    marks = scheduler.progress(), learner.progress()
+    for _ in range(3):
+        scheduler.step(), learner.step()
+    assert (scheduler.progress(), learner.progress()) == marks
+    assert scheduler.waiting_for() == {"waits_for": "rollouts", "in_flight": cfg.scheduler.max_in_flight, "fresh_groups": 0,
+                                       "evaluations_running": [], "topic": topic_name(cfg.run.name, ROLLOUTS)}
+    assert learner.waiting_for() == {"waits_for": "a batch", "batch_seq": 0, "topic": f"{cfg.run.name}.batches"}
+
+    producer = Producer(cfg, transport)
+    assert producer.waiting_for()["waits_for"] == "dispatches"
+    mark = producer.progress()
+    producer.step()
+    assert producer.progress() != mark
+
+    def two_batches_wait():
+        producer.step()
+        scheduler.step()
+        return scheduler.next_seq == 2
+    wait_until(two_batches_wait, 60, "two batches waiting for the learner")
+    assert scheduler.progress() != marks[0]
+    assert scheduler.waiting_for() == {"waits_for": "the learner", "learner_version": 0, "batches_ahead": 2}
+
+
 class ScriptedProducer:
     """A scheduler on the in-memory transport, its dispatches answered by a script instead of
     a model: every group is made at policy version 0 with the rewards ``rewards(n)`` gives

@@ -132,6 +132,64 @@ def test_a_hung_step_is_logged_once_with_every_threads_stack(monkeypatch, capfd)
     assert "in wait_for_a_lock_that_never_comes" in capfd.readouterr().err
 
 
+def test_steps_that_move_nothing_say_what_they_wait_for_at_doubling_intervals():
+    """A pipeline stopped everywhere at once used to log nothing: every service's steps
+    succeeded, with no work. Now each says so after IDLE_S, again at 2x, 4x..., and says when
+    work came again; progress restarts the clock."""
+
+    class Waiting(Flaky):
+        done = 0
+
+        def progress(self):
+            return self.done
+
+        def waiting_for(self):
+            return {"waits_for": "a batch", "batch_seq": self.done}
+
+    svc = Waiting(failures=0)
+    svc.log = structlog.get_logger("waiting")
+    idle = service.Idle(svc)
+
+    def step_at(*times: float) -> list[tuple]:
+        with capture_logs() as logs:
+            for now in times:
+                idle.stepped(now)
+        return [(e["event"], e["seconds"], e.get("waits_for"), e.get("batch_seq")) for e in logs]
+
+    assert step_at(0.0, 30.0, 59.0) == []
+    assert step_at(60.0, 61.0, 100.0, 120.0, 200.0, 240.0) == [("idle", 60, "a batch", 0), ("idle", 120, "a batch", 0),
+                                                                 ("idle", 240, "a batch", 0)]
+    svc.done = 1
+    assert step_at(250.0) == [("idle_over", 250.0, None, None)]
+    assert step_at(260.0, 309.0) == []
+    assert step_at(310.0) == [("idle", 60, "a batch", 1)]
+    svc.done = 2
+    assert step_at(320.0) == [("idle_over", 70.0, None, None)]
+    svc.done = 3
+    assert step_at(330.0, 389.0) == []  # progress before IDLE_S: nothing to say
+
+
+def test_the_loop_follows_each_steps_progress(monkeypatch):
+    class Idler(Flaky):
+        def progress(self):
+            return "nothing done"
+
+        def waiting_for(self):
+            return {"waits_for": "work"}
+
+        def step(self):
+            self.steps += 1
+            return self.steps == 3
+
+    monkeypatch.setattr(service, "IDLE_S", 0.0)  # every step after the first is past it
+    svc = Idler(failures=0)
+    svc.log = structlog.get_logger("idler")
+    with capture_logs() as logs:
+        svc.run()
+    assert [(e["event"], e["waits_for"]) for e in logs] == [("idle", "work")] * 2
+    assert svc.health()["seconds_idle"] >= svc.health()["seconds_since_step"]
+
+
 def get(url: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
