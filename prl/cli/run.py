@@ -181,12 +181,14 @@ def draw(cfg, scheduler) -> None:
 
 def summarize(learner, scheduler, first_step: int, seconds: float) -> dict:
     """What the run did: steps (from ``first_step``, past 0 for a run continued from its
-    checkpoint), rollouts, held-out accuracy at the first and the newest version evaluated."""
+    checkpoint), rollouts generated (the scheduler's count: the learner's is the last trained
+    batch's, fewer than an evaluation line shows), held-out accuracy at the first and the newest
+    version evaluated."""
     done = {e.version: e.figures for e in scheduler.evaluator.done()}
     start, evaluated_at = done.get(first_step, {}), max(done, default=-1)
     end = done.get(evaluated_at, {})
     return {"steps": learner.version, "first_step": first_step, "evaluated_at": evaluated_at, "seconds": round(seconds, 1),
-            "rollouts_generated": learner.rollouts_generated,
+            "rollouts_generated": scheduler.rollouts_generated,
             "accuracy_start": start.get("accuracy"), "accuracy_end": end.get("accuracy"), "start": start, "end": end}
 
 

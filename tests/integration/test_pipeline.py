@@ -114,6 +114,9 @@ def test_prl_run_screen_is_one_line_per_evaluation_and_a_summary(tmp_path, capsy
     evals = [s for s in shown if s.startswith("step ")]
     assert [s.split()[1] for s in evals] == ["0", "2", "4"]
     assert shown[len(evals)].startswith("prl run finished in") and shown[-1].startswith("wrote ")
+    counted = [int(s.split()[3].replace(",", "")) for s in evals]  # step N  rollouts R ...
+    total = int(shown[len(evals)].split(", ")[1].split()[0].replace(",", ""))  # ...: 4 steps, R rollouts generated
+    assert counted == sorted(counted) and total >= counted[-1]  # the summary counts every one generated
     assert len(shown) == len(evals) + 2 + 1 + 5  # finished, wrote; the table: header, overall, four difficulties
     assert "step" in (run_dir / "prl.log").read_text() and json.loads((run_dir / "summary.json").read_text())["steps"] == 4
     assert main(["run", "--run-dir", str(tmp_path / "json"), "--max-steps", "2", "--log-format", "json",

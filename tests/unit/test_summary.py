@@ -81,3 +81,17 @@ def test_an_evaluation_line_shows_the_policys_entropy_on_the_last_steps_fresh_ro
     console.update(learner, scheduler)
     console.close()
     assert "reward 0.400  entropy 0.73  held-out 0.500" in capsys.readouterr().err
+
+
+def test_the_summary_counts_every_rollout_generated_not_the_last_trained_batchs():
+    """The last evaluation line said 26,240 rollouts, the summary under it 26,112: the learner's
+    count is the one its last batch carried; producers went on generating after it."""
+    from types import SimpleNamespace
+
+    from prl.cli.run import summarize
+
+    evaluations = [SimpleNamespace(version=0, figures={"accuracy": 0.3}), SimpleNamespace(version=200, figures={"accuracy": 0.4})]
+    scheduler = SimpleNamespace(rollouts_generated=26_368, evaluator=SimpleNamespace(done=lambda: evaluations))
+    learner = SimpleNamespace(version=200, rollouts_generated=26_112)
+    summary = summarize(learner, scheduler, 0, 81.0)
+    assert summary["rollouts_generated"] == 26_368 and summary["accuracy_end"] == 0.4
