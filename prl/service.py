@@ -84,6 +84,10 @@ class Idle:
     def __init__(self, service: "Service"):
         self.service, self.mark, self.since, self.say_at = service, None, time.monotonic(), IDLE_S
 
+    def seconds(self, now: float) -> float:
+        """Since the last progress (/health's ``seconds_idle``, /metrics' ``prl_<service>_seconds_idle``)."""
+        return round(now - self.since, 3)
+
     def stepped(self, now: float) -> None:
         mark = self.service.progress()
         if mark is None:  # a service that does not say what progress is
@@ -309,4 +313,4 @@ class Service:
             self.log.error("step_hung", seconds=round(now - self.step_started_at), stacks="on stderr, below")
             faulthandler.dump_traceback(sys.__stderr__, all_threads=True)  # where it hangs, before the probe restarts it
         return {"status": status, "service": self.name, "seconds_since_step": round(now - self.last_step_at, 3),
-                "seconds_idle": round(now - self.idle.since, 3)}
+                "seconds_idle": self.idle.seconds(now)}

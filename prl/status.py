@@ -4,7 +4,7 @@
 for a while, or one hangs: prl/service.py ``health_status``), and 200 with status "finished"
 once it waits to be stopped after its run;
 /metrics is the Prometheus text format of the service's counters and gauges (``finished`` 1
-once it waits), names ``prl_<service>_<key>``.
+once it waits; ``seconds_idle``: since its steps last got work done), names ``prl_<service>_<key>``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -45,7 +46,8 @@ class StatusServer:
                     self._send(200 if answer["status"] in ("ok", "finished") else 503, "application/json",
                                json.dumps(answer).encode())
                 elif self.path == "/metrics":
-                    text = prometheus_text(svc.name, {**svc.gauges(), "finished": int(svc.ended)})
+                    text = prometheus_text(svc.name, {**svc.gauges(), "finished": int(svc.ended),
+                                                      "seconds_idle": svc.idle.seconds(time.monotonic())})
                     self._send(200, "text/plain; version=0.0.4", text.encode())
                 else:
                     self._send(404, "text/plain", b"not found\n")

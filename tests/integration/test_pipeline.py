@@ -390,6 +390,8 @@ def test_health_and_metrics_endpoints(tmp_path):
         text = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
         assert f"prl_scheduler_in_flight {cfg.scheduler.max_in_flight}" in text
         assert "prl_scheduler_dispatched" in text
+        idle = float(next(line for line in text.splitlines() if line.startswith("prl_scheduler_seconds_idle ")).split()[1])
+        assert health["seconds_idle"] <= idle < health["seconds_idle"] + 5  # what an alert on a stopped pipeline reads
     finally:
         server.close()
 
