@@ -78,11 +78,16 @@ def test_a_rolling_restart_by_sigterm_does_nothing_twice(s3, tmp_path, run_name)
     """Each service stopped with SIGTERM (a rollout, a drained node) and started again in turn:
     the invariants hold as after kill -9, and no work is done again: the scheduler's successor
     knows what it dispatched (it ignores no answer as unknown), and the learner's resumes at
-    the step it stopped after, not at its checkpoint before (it trains no step again)."""
+    the step it stopped after, not at its checkpoint before (it trains no step again).
+
+    At the default dispatch timeout (120 s): the other tests' 20 s, for work lost with a killed
+    service, was shorter than two producers' restarts in a loaded CI run (40 s each); the
+    dispatches they left unanswered were issued again, and answered twice, as they should be."""
     from prl.scheduler.snapshot import read_snapshot
 
     broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
-    cluster = Cluster(tmp_path, broker, run_name, max_steps=MAX_STEPS + 6)  # the learner is stopped last
+    cluster = Cluster(tmp_path, broker, run_name, max_steps=MAX_STEPS + 6,  # the learner is stopped last
+                      dispatch_timeout_s=120)
     try:
         cluster.start_all()
         step = 2
