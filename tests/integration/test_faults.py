@@ -188,10 +188,10 @@ def test_a_broker_restart_loses_nothing_and_new_producers_join_after_a_clean_sto
     """The broker is killed and restarts on its storage mid-run: the run finishes with nothing
     lost or trained twice and every service stops cleanly; then the run is continued with a
     producer that never ran before: it must be given dispatches by the existing group and the
-    learner must go on stepping. (It stalled
-    in 6 of 11 runs while members sent LeaveGroup: the two producers stop together, one leaves
-    during the rebalance the other's leave started, and tansu keeps it as the group's leader;
-    the tests' config sets transport.kafka.leave_group_on_close = false.)"""
+    learner must go on stepping. (It stalled in 6 of 11 runs while members sent LeaveGroup: the
+    two producers stop together, one leaves during the rebalance the other's leave started, and
+    tansu keeps it as the group's leader; the tests' config sets
+    transport.kafka.leave_group_on_close = false.)"""
     broker = KafkaBroker(storage="s3://prl-broker/", env=broker_s3, log_path=tmp_path / "broker.log")
     cluster = Cluster(tmp_path, broker, run_name)
     try:
