@@ -5,6 +5,7 @@ stopped by SIGTERM, the ranks checkpoint the same last step."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ from safetensors.torch import load_file
 
 from prl.learner.sources import write_batches
 from prl.schemas import TrainBatch
+from tests.support.servers import free_port, wait_until
 from tests.unit.test_grpo import random_rollouts
+from tests.unit.test_service_loop import get
 
 pytestmark = pytest.mark.slow
 TOL = 2e-5  # float32, different reduction order across ranks
@@ -51,9 +54,15 @@ max_steps = {max_steps}
 def run_learner(tmp_path, run_dir, world, max_steps, background=False):
     cli = (support("background_learner.py"),) if background else ("-m", "prl.cli")
     out = subprocess.run(learner_command(tmp_path, run_dir, world, max_steps, cli=cli), capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, env=own_temp_dir(tmp_path))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert not list((tmp_path / "tmp").glob("torchelastic_*"))  # torchrun's log directory went with it
     return out.stderr
+
+
+def own_temp_dir(tmp_path) -> dict:
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
 
 
 def support(script: str) -> str:
@@ -108,16 +117,11 @@ def test_two_ranks_in_one_pod_answer_health_on_one_port_and_checkpoint_when_stop
     same step, they checkpoint it together, and prl.learner.torchrun exits 143 without a
     traceback; a step of rank 0 that failed on the transport meanwhile put them out of step in
     no way."""
-    import signal
-
-    from tests.support.servers import free_port, wait_until
-    from tests.unit.test_service_loop import get
-
     make_batches(tmp_path / "batches.arrow")
     port, run_dir = free_port(), tmp_path / "run"
     cmd = learner_command(tmp_path, run_dir, 2, 10, "--http", f"127.0.0.1:{port}", cli=(support("waiting_learner.py"),),
                           checkpoint_every=10)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=own_temp_dir(tmp_path))
     try:
         def trained_three():
             assert proc.poll() is None, proc.stdout.read()[-3000:]
@@ -131,7 +135,8 @@ def test_two_ranks_in_one_pod_answer_health_on_one_port_and_checkpoint_when_stop
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=120)[0]
         assert proc.returncode == 143 and "Traceback" not in output, output[-3000:]  # a stop, not a failure
-        wait_until(lambda: not ranks_of(tmp_path), 30, "both ranks to exit")
+        wait_until(lambda: not ranks_of(tmp_path) and not list((tmp_path / "tmp").glob("torchelastic_*")), 30,
+                   "both ranks to exit and torchrun's log directory to go")
     finally:
         proc.kill()  # torchrun's workers are in sessions of their own: what is left of them goes by PID
         for pid in ranks_of(tmp_path):
