@@ -1,12 +1,16 @@
 """What `prl run` shows on the terminal: a progress bar and one line per evaluation, then a
 summary table. Everything else goes to the log file (``<run_dir>/prl.log``). With
-``run.log_format = "json"`` there is no bar and every line is a JSON object."""
+``run.log_format = "json"`` there is no bar and every line is a JSON object. Where the console is
+not a terminal (a file, a pod's log) a bar would be one endless line of redraws: instead a
+plain progress line comes when no line has come for ``PLAIN_PROGRESS_S``."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+
+PLAIN_PROGRESS_S = 60.0
 
 
 class Console:
@@ -17,7 +21,8 @@ class Console:
                  max_seconds: float | None = None):
         self.fmt, self.enabled, self.total_steps, self.max_seconds = fmt, enabled, total_steps, max_seconds
         self.bar = None
-        if enabled and fmt == "console":
+        self.plain = enabled and fmt == "console" and not sys.stderr.isatty()
+        if enabled and fmt == "console" and not self.plain:
             from tqdm import tqdm
 
             if max_seconds:
@@ -27,7 +32,7 @@ class Console:
             self.bar = tqdm(**bar, dynamic_ncols=True, file=sys.stderr)
         self.shown: set[int] = set()  # versions whose evaluation line was shown
         self.mismatch = None  # (KL, step): the newest engine-trainer mismatch; only a step with age-0 rollouts measures it
-        self.t0 = time.perf_counter()
+        self.t0 = self.last_line_at = time.perf_counter()
 
     def update(self, learner, scheduler) -> None:
         """After a learner step: move the bar; one line when an evaluation happened."""
@@ -38,12 +43,20 @@ class Console:
             else:
                 self.bar.n = learner.version
             self.bar.refresh()
+        elif self.plain and time.perf_counter() - self.last_line_at >= PLAIN_PROGRESS_S:
+            self.emit_progress(learner.version)
         if (kl := getattr(learner, "last_stats", {}).get("mismatch/kl")) is not None:
             self.mismatch = (kl, learner.version)
         for e in scheduler.evaluator.done():  # evaluations finish on the scheduler's thread, in any order
             if self.enabled and e.version not in self.shown:
                 self.shown.add(e.version)
                 self.emit(progress_figures(learner, scheduler, e, time.perf_counter() - self.t0, self.mismatch))
+
+    def emit_progress(self, step: int) -> None:
+        seconds = time.perf_counter() - self.t0
+        bound = f"{seconds:.0f} of {self.max_seconds:.0f} s" if self.max_seconds else f"{seconds:.0f} s"
+        print(f"learner steps {step}/{self.total_steps}  {bound}", file=sys.stderr, flush=True)
+        self.last_line_at = time.perf_counter()
 
     def emit(self, figures: dict) -> None:
         if self.fmt == "json":
@@ -57,6 +70,7 @@ class Console:
             self.bar.write(line, file=sys.stderr)
         else:
             print(line, file=sys.stderr, flush=True)
+        self.last_line_at = time.perf_counter()
 
     def close(self) -> None:
         if self.bar is not None:

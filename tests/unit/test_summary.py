@@ -95,3 +95,24 @@ def test_the_summary_counts_every_rollout_generated_not_the_last_trained_batchs(
     learner = SimpleNamespace(version=200, rollouts_generated=26_112)
     summary = summarize(learner, scheduler, 0, 81.0)
     assert summary["rollouts_generated"] == 26_368 and summary["accuracy_end"] == 0.4
+
+
+def test_a_console_that_is_not_a_terminal_gets_a_plain_line_when_none_came_for_a_while(capsys):
+    """Redirected to a file or a pod's log, a progress bar is one endless line of redraws."""
+    from types import SimpleNamespace
+
+    from prl.cli.console import PLAIN_PROGRESS_S, Console
+
+    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: []))
+    learner = SimpleNamespace(version=3, last_stats={})
+    console = Console(10, 0, fmt="console", enabled=True, max_seconds=900)
+    assert console.bar is None  # capsys's stderr is not a terminal
+    console.update(learner, scheduler)
+    assert capsys.readouterr().err == ""
+    console.last_line_at -= PLAIN_PROGRESS_S
+    console.update(learner, scheduler)
+    learner.version = 4
+    console.update(learner, scheduler)
+    console.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("learner steps 3/10  ") and lines[0].endswith(" of 900 s")
