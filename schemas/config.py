@@ -12,6 +12,7 @@ per run) are named in the module that uses them.
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 import tomllib
 from pathlib import Path
@@ -177,6 +178,17 @@ def settings(model: type[BaseModel] = Config, prefix: str = ""):
             yield f"{prefix}{name}", field
 
 
+def likely_setting(name: str) -> str | None:
+    """The setting (or section) a misplaced or misspelt ``name`` most likely means: one of the
+    same name in another section, else the closest spelling; None if nothing is close."""
+    full = [n for n, _ in settings()]
+    names = sorted({".".join(n.split(".")[:i]) for n in full for i in range(1, n.count(".") + 2)})
+    leaf = name.rsplit(".", 1)[-1]
+    same_leaf = [n for n in names if n.rsplit(".", 1)[-1] == leaf]
+    close = difflib.get_close_matches(name, [n for n in names if n.count(".") == name.count(".")], n=1, cutoff=0.8)
+    return same_leaf[0] if len(same_leaf) == 1 else (close[0] if close else None)
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a", "b", "c"], value); value is read as TOML, else as a string."""
     if "=" not in item:
@@ -218,7 +230,8 @@ def format_errors(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "not a setting (docs/configuration.md lists them)"
+            meant = likely_setting(where)
+            msg = f"not a setting ({f'did you mean {meant}? ' if meant else ''}docs/configuration.md lists them)"
         lines.append(f"{where}: {msg}" if where else msg)
     return "invalid configuration:\n  " + "\n  ".join(lines)
 

@@ -59,6 +59,15 @@ def test_a_setting_that_does_not_exist_says_where_the_settings_are_listed():
     assert "scheduler.priority.weight: not a setting (docs/configuration.md lists them)" in str(exc.value)
 
 
+@pytest.mark.parametrize("given, meant", [("producer.group_size", "sampling.group_size"),
+                                          ("learner.learning_rate", None), ("learner.max_step", "learner.max_steps"),
+                                          ("schedular", "scheduler"), ("scheduler.replay.tau_max", "scheduler.tau_max")])
+def test_a_setting_in_the_wrong_section_or_misspelt_names_the_one_meant(given, meant):
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides=[f"{given}.x=1" if "." not in given else f"{given}=1"])
+    assert f"{given}: not a setting (" + (f"did you mean {meant}? " if meant else "") + "docs/" in str(exc.value)
+
+
 def test_the_built_in_task_takes_only_its_own_label():
     assert load_config(overrides=["task.group_field='difficulty'"]).task.group_field == "difficulty"
     with pytest.raises(ConfigError) as exc:
