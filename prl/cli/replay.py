@@ -103,14 +103,41 @@ def final_success_rates(groups: list[GroupOutcome]) -> np.ndarray:
     return np.asarray([solved[p] / attempts[p] for p in attempts])
 
 
+TABLE_ROWS = 20  # the console's version table: more versions are shown as ranges (--json has each)
+
+
 def format_report(rep: dict) -> str:
+    rows = version_ranges(rep["versions"], TABLE_ROWS)
     lines = [f"{rep['groups']} groups over {rep['problems']} problems; age mean {rep['age_mean']:.2f}, max {rep['age_max']}",
-             f"{'version':>7} {'groups':>7} {'rollouts':>9} {'mean reward':>12} {'reward>0':>9} {'signal':>7} {'turns':>6}"]
-    for r in rep["versions"]:
-        lines.append(f"{r['policy_version']:>7} {r['groups']:>7} {r['rollouts']:>9} {r['mean_reward']:>12.3f} "
+             f"{'version':>9} {'groups':>7} {'rollouts':>9} {'mean reward':>12} {'reward>0':>9} {'signal':>7} {'turns':>6}"]
+    for r in rows:
+        lines.append(f"{r['versions']:>9} {r['groups']:>7} {r['rollouts']:>9} {r['mean_reward']:>12.3f} "
                      f"{r['solved_share']:>9.3f} {r['signal_share']:>7.3f} {r['turns_mean']:>6.2f}")
+    if len(rows) < len(rep["versions"]):
+        lines.append(f"({len(rep['versions'])} versions in {len(rows)} ranges; --json PATH writes each)")
     lines += ["", *(f"wrote {p}" for p in rep["pngs"])]
     return "\n".join(lines)
+
+
+def version_ranges(rows: list[dict], at_most: int) -> list[dict]:
+    """``version_row``s merged into at most ``at_most`` ranges of equal width in versions (each
+    share weighted by what it counts: rollouts, or groups for the signal share); labelled
+    "first-last" when a range holds more than one version."""
+    if len(rows) <= at_most:
+        return [{**r, "versions": str(r["policy_version"])} for r in rows]
+    first, last = rows[0]["policy_version"], rows[-1]["policy_version"]
+    width = -(-(last - first + 1) // at_most)
+    bins: dict[int, list[dict]] = defaultdict(list)
+    for r in rows:
+        bins[(r["policy_version"] - first) // width].append(r)
+    out = []
+    for b in sorted(bins):
+        rs, n, g = bins[b], sum(r["rollouts"] for r in bins[b]), sum(r["groups"] for r in bins[b])
+        mean = {k: sum(r[k] * r["rollouts"] for r in rs) / n for k in ("mean_reward", "solved_share", "turns_mean")}
+        label = "-".join(dict.fromkeys(str(r["policy_version"]) for r in (rs[0], rs[-1])))
+        out.append({"versions": label, "groups": g, "rollouts": n, **mean,
+                    "signal_share": sum(r["signal_share"] * r["groups"] for r in rs) / g})
+    return out
 
 
 # -- whatif ----------------------------------------------------------------------------------

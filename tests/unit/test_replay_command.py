@@ -62,3 +62,20 @@ def test_success_trajectories_are_one_line_per_difficulty_or_one_for_a_dataset_w
                for v, gs in by_version.items()}  # ids without a difficulty prefix: 60 would-be lines
     lines = success_by_difficulty(dataset)
     assert list(lines) == ["all problems"] and len(lines["all problems"][0]) == len(by_version)
+
+
+def test_the_console_table_of_a_long_run_shows_ranges_of_versions_and_loses_no_rollout():
+    """A run of thousands of versions made a table of thousands of lines; --json keeps each."""
+    from prl.cli.replay import TABLE_ROWS, format_report, version_ranges
+
+    rows = [{"policy_version": v, "groups": 1 + v % 3, "rollouts": 8 * (1 + v % 3), "mean_reward": v / 1000,
+             "solved_share": v / 1000, "signal_share": 0.5, "turns_mean": 1.0} for v in range(0, 1000, 2)]
+    ranges = version_ranges(rows, TABLE_ROWS)
+    assert len(ranges) == TABLE_ROWS and ranges[0]["versions"] == "0-48" and ranges[-1]["versions"] == "950-998"
+    assert sum(r["rollouts"] for r in ranges) == sum(r["rollouts"] for r in rows)
+    overall = sum(r["mean_reward"] * r["rollouts"] for r in rows) / sum(r["rollouts"] for r in rows)
+    assert sum(r["mean_reward"] * r["rollouts"] for r in ranges) / sum(r["rollouts"] for r in ranges) == pytest.approx(overall)
+    rep = {"versions": rows, "groups": 1000, "problems": 10, "age_mean": 0.5, "age_max": 2, "pngs": []}
+    text = format_report(rep)
+    assert len(text.splitlines()) == 2 + TABLE_ROWS + 1 and "500 versions in 20 ranges; --json PATH writes each" in text
+    assert [r["versions"] for r in version_ranges(rows[:3], TABLE_ROWS)] == ["0", "2", "4"]
