@@ -54,7 +54,8 @@ def why(s, i: int, cfg) -> list[str]:
     g = int(s.group[i])
     whose = "its group" if cfg.task.group_field else "the pool"
     out = [f"  state: {STATES[st]}" + (" (never tried)" if s.last_tested[i] < 0 and st == 0 else ""),
-           f"  outcomes: {s.successes[i]:g} solved of {s.attempts[i]:g} rollouts, last tested at version {s.last_tested[i]}; "
+           f"  outcomes: {s.successes[i]:.1f} solved of {s.attempts[i]:.1f} rollouts{f' (halved every {s.half_life:g} versions)' if s.half_life else ''}, "
+           f"last tested at version {s.last_tested[i]}; "
            f"prior Beta({a:.2f}, {b:.2f}) from {whose} ({whose}'s rate {float(s.group_rate(g)):.3f} over first tries)",
            f"  priority p(1-p) = {prio:.4f}"]
     if st == 0 and s.last_tested[i] >= 0:
