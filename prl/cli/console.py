@@ -18,8 +18,10 @@ class Console:
     (``max_seconds``, `prl run --max-minutes`), seconds toward that bound with the step beside it."""
 
     def __init__(self, total_steps: int, first_step: int, fmt: str = "console", enabled: bool = True,
-                 max_seconds: float | None = None):
+                 max_seconds: float | None = None, rollouts_before: int = 0):
+        """``rollouts_before``: what the run had generated before this process (a continued run)."""
         self.fmt, self.enabled, self.total_steps, self.max_seconds = fmt, enabled, total_steps, max_seconds
+        self.rollouts_before = rollouts_before
         self.bar = None
         self.plain = enabled and fmt == "console" and not sys.stderr.isatty()
         if enabled and fmt == "console" and not self.plain:
@@ -50,7 +52,12 @@ class Console:
         for e in scheduler.evaluator.done():  # evaluations finish on the scheduler's thread, in any order
             if self.enabled and e.version not in self.shown:
                 self.shown.add(e.version)
-                self.emit(progress_figures(learner, scheduler, e, time.perf_counter() - self.t0, self.mismatch))
+                self.emit(progress_figures(learner, scheduler, e, self.rate_until(e), self.mismatch))
+
+    def rate_until(self, evaluation) -> float:
+        """Rollouts a second from this process's start until ``evaluation`` was asked."""
+        started = time.time() - (time.perf_counter() - self.t0)
+        return (evaluation.rollouts_generated - self.rollouts_before) / max(evaluation.started_at - started, 1e-9)
 
     def emit_progress(self, step: int) -> None:
         seconds = time.perf_counter() - self.t0
@@ -91,16 +98,17 @@ def mismatch_text(figures: dict) -> str:
     return f"  mismatch-KL {figures['mismatch_kl']:.1e}{at}"
 
 
-def progress_figures(learner, scheduler, evaluation, seconds: float, mismatch: tuple | None = None) -> dict:
-    """One evaluation's line: its version and accuracy, how the run stood when it was asked (the
-    last step's reward and the policy's entropy on its fresh rollouts among it), and the newest
-    engine-trainer mismatch at age 0 with the step that measured it (None: not yet)."""
+def progress_figures(learner, scheduler, evaluation, rollouts_per_s: float, mismatch: tuple | None = None) -> dict:
+    """One evaluation's line: its version and accuracy, the rollouts generated until it was asked
+    and their rate, how the run stands when it is shown (the last step's reward and the policy's
+    entropy on its fresh rollouts among it), and the newest engine-trainer mismatch at age 0
+    with the step that measured it (None: not yet)."""
     stats = getattr(learner, "last_stats", {})
     returned = max(1, scheduler.groups_returned)
     stale = learner.counters.get("stale_dropped", 0) + sum(
         v for k, v in scheduler.counters.items() if k.startswith("stale_groups_dropped/"))
     return {"step": evaluation.version, "rollouts": evaluation.rollouts_generated,
-            "rollouts_per_s": learner.rollouts_generated / max(seconds, 1e-9),
+            "rollouts_per_s": max(0.0, rollouts_per_s),
             "reward": stats.get("mean_reward", 0.0), "entropy": stats.get("fresh/entropy", stats.get("entropy")),
             "heldout_accuracy": evaluation.figures["accuracy"],
             "zero_signal_share": 1 - scheduler.groups_with_signal / returned,

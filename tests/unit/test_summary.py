@@ -1,5 +1,10 @@
 """The lines `prl run` ends with, for a new run and for one continued from its checkpoint."""
 
+import json
+import time
+
+import pytest
+
 from prl.cli.console import summary_table
 
 
@@ -45,12 +50,11 @@ def test_an_interrupted_run_says_what_stopped_it_how_to_go_on_and_when_it_was_la
 def test_an_evaluation_line_shows_the_newest_mismatch_measured_though_its_step_had_no_age_0_rollout(capsys):
     """Only a step that trains age-0 rollouts measures the engine-trainer mismatch (on 2 CPU
     cores, about one in eight): the line shows the newest one measured, not none."""
-    import json
     from types import SimpleNamespace
 
     from prl.cli.console import Console, mismatch_text
 
-    evaluation = SimpleNamespace(version=4, rollouts_generated=512, figures={"accuracy": 0.5})
+    evaluation = SimpleNamespace(version=4, rollouts_generated=512, started_at=time.time(), figures={"accuracy": 0.5})
     done = []
     scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
                                 groups_with_signal=6, counters={})
@@ -72,8 +76,8 @@ def test_an_evaluation_line_shows_the_policys_entropy_on_the_last_steps_fresh_ro
 
     from prl.cli.console import Console
 
-    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: [SimpleNamespace(version=4, rollouts_generated=512,
-                                                                                       figures={"accuracy": 0.5})]),
+    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: [SimpleNamespace(
+        version=4, rollouts_generated=512, started_at=time.time(), figures={"accuracy": 0.5})]),
                                 groups_returned=8, groups_with_signal=6, counters={})
     learner = SimpleNamespace(counters={}, rollouts_generated=512, version=4,
                               last_stats={"mean_reward": 0.4, "entropy": 0.9, "fresh/entropy": 0.734})
@@ -116,3 +120,25 @@ def test_a_console_that_is_not_a_terminal_gets_a_plain_line_when_none_came_for_a
     console.close()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("learner steps 3/10  ") and lines[0].endswith(" of 900 s")
+
+
+def test_an_evaluation_line_gives_the_rollouts_until_it_was_asked_and_their_rate(capsys):
+    """The step-0 line read 'rollouts 0 (22/s)': the count when the evaluation was asked, the rate
+    from the learner's count when the line was shown, steps later. Both are of the moment it
+    was asked now; a continued run counts from this process's start."""
+    from types import SimpleNamespace
+
+    from prl.cli.console import Console
+
+    done = []
+    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
+                                groups_with_signal=6, counters={})
+    learner = SimpleNamespace(counters={}, rollouts_generated=4096, version=12, last_stats={})
+    console = Console(100, 10, fmt="json", rollouts_before=1000)
+    console.t0 -= 20  # this process started 20 s ago
+    done += [SimpleNamespace(version=10, rollouts_generated=1000, started_at=time.time() - 19.5, figures={"accuracy": 0.5}),
+             SimpleNamespace(version=12, rollouts_generated=3000, started_at=time.time(), figures={"accuracy": 0.6})]
+    console.update(learner, scheduler)
+    first, second = (json.loads(line) for line in capsys.readouterr().err.splitlines())
+    assert (first["rollouts"], first["rollouts_per_s"]) == (1000, 0.0)
+    assert second["rollouts"] == 3000 and second["rollouts_per_s"] == pytest.approx(100, rel=0.01)
