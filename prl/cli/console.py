@@ -2,7 +2,8 @@
 summary table. Everything else goes to the log file (``<run_dir>/prl.log``). With
 ``run.log_format = "json"`` there is no bar and every line is a JSON object. Where the console is
 not a terminal (a file, a pod's log) a bar would be one endless line of redraws: instead a
-plain progress line comes when no line has come for ``PLAIN_PROGRESS_S``."""
+plain progress line comes when no line has come for ``PLAIN_PROGRESS_S``; so do the bars of
+offline jobs (``progress_bar``: `prl replay`)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,41 @@ class Console:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True, unit: str = "it"):
+    """A tqdm bar on a terminal; elsewhere a plain line every ``PLAIN_PROGRESS_S`` and at the end."""
+    from tqdm import tqdm
+
+    if enabled and not sys.stderr.isatty():
+        return PlainProgress(total, desc, unit)
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, disable=not enabled)
+
+
+class PlainProgress:
+    """What a long offline job says of its progress where a bar would be one line of redraws."""
+
+    def __init__(self, total: int, desc: str, unit: str):
+        self.total, self.desc, self.n = total, desc, 0
+        self.units = unit + ("es" if unit.endswith(("ch", "s", "x")) else "s")
+        self.t0 = self.said_at = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.perf_counter() - self.said_at >= PLAIN_PROGRESS_S:
+            self.say()
+
+    def say(self) -> None:
+        print(f"{self.desc}: {self.n:,}/{self.total:,} {self.units}  {time.perf_counter() - self.t0:.0f} s", file=sys.stderr,
+              flush=True)
+        self.said_at = time.perf_counter()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.say()
 
 
 def entropy_text(figures: dict) -> str:

@@ -29,9 +29,9 @@ from prl.schemas.config import BUILTIN_STRATEGIES
 
 
 def _progress(total: int, desc: str, enabled: bool = True, unit: str = "group"):
-    from tqdm import tqdm
+    from prl.cli.console import progress_bar
 
-    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, disable=not enabled)
+    return progress_bar(total, desc, enabled, unit)
 
 
 def difficulty(problem_id: str) -> str:

@@ -79,3 +79,17 @@ def test_the_console_table_of_a_long_run_shows_ranges_of_versions_and_loses_no_r
     text = format_report(rep)
     assert len(text.splitlines()) == 2 + TABLE_ROWS + 1 and "500 versions in 20 ranges; --json PATH writes each" in text
     assert [r["versions"] for r in version_ranges(rows[:3], TABLE_ROWS)] == ["0", "2", "4"]
+
+
+def test_off_a_terminal_a_long_job_says_its_progress_in_plain_lines(tmp_path, capsys, archive):
+    from prl.cli.console import PLAIN_PROGRESS_S, progress_bar
+
+    with progress_bar(10, "train", unit="batch") as bar:  # capsys's stderr is not a terminal
+        bar.update(3)
+        bar.said_at -= PLAIN_PROGRESS_S
+        bar.update(4)
+        assert bar.n == 7
+    assert [line.split("  ")[0] for line in capsys.readouterr().err.splitlines()] == ["train: 7/10 batches"] * 2
+    assert main(["replay", "whatif", str(archive), "--out", str(tmp_path / "w")]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "whatif priority: " in err
