@@ -71,9 +71,9 @@ class Console:
             print(json.dumps({"event": "evaluation", **figures}), file=sys.stderr, flush=True)
             return
         line = (f"step {figures['step']:>5}  rollouts {figures['rollouts']:>8,} ({figures['rollouts_per_s']:,.0f}/s)  "
-                f"reward {figures['reward']:.3f}  " + entropy_text(figures) + f"held-out {figures['heldout_accuracy']:.3f}  "
-                f"zero-signal {figures['zero_signal_share']:.2f}  replay {figures['replay_share']:.2f}  "
-                f"stale {figures['stale_dropped']}" + mismatch_text(figures))
+                + known("reward", figures["reward"], ".3f") + known("entropy", figures["entropy"], ".2f")
+                + f"held-out {figures['heldout_accuracy']:.3f}  " + known("zero-signal", figures["zero_signal_share"], ".2f")
+                + f"replay {figures['replay_share']:.2f}  stale {figures['stale_dropped']}" + mismatch_text(figures))
         if self.bar is not None:
             self.bar.write(line, file=sys.stderr)
         else:
@@ -121,9 +121,9 @@ class PlainProgress:
             self.say()
 
 
-def entropy_text(figures: dict) -> str:
-    """The line's entropy part: the policy's, on the last step's fresh rollouts (none before a step)."""
-    return "" if figures.get("entropy") is None else f"entropy {figures['entropy']:.2f}  "
+def known(name: str, value: float | None, fmt: str) -> str:
+    """A part of the line that only a step or a returned group makes known (none before)."""
+    return "" if value is None else f"{name} {value:{fmt}}  "
 
 
 def mismatch_text(figures: dict) -> str:
@@ -140,14 +140,14 @@ def progress_figures(learner, scheduler, evaluation, rollouts_per_s: float, mism
     entropy on its fresh rollouts among it), and the newest engine-trainer mismatch at age 0
     with the step that measured it (None: not yet)."""
     stats = getattr(learner, "last_stats", {})
-    returned = max(1, scheduler.groups_returned)
+    returned = scheduler.groups_returned
     stale = learner.counters.get("stale_dropped", 0) + sum(
         v for k, v in scheduler.counters.items() if k.startswith("stale_groups_dropped/"))
     return {"step": evaluation.version, "rollouts": evaluation.rollouts_generated,
             "rollouts_per_s": max(0.0, rollouts_per_s),
-            "reward": stats.get("mean_reward", 0.0), "entropy": stats.get("fresh/entropy", stats.get("entropy")),
+            "reward": stats.get("mean_reward"), "entropy": stats.get("fresh/entropy", stats.get("entropy")),
             "heldout_accuracy": evaluation.figures["accuracy"],
-            "zero_signal_share": 1 - scheduler.groups_with_signal / returned,
+            "zero_signal_share": 1 - scheduler.groups_with_signal / returned if returned else None,
             "replay_share": stats.get("replay_share", 0.0), "stale_dropped": stale,
             "mismatch_kl": mismatch[0] if mismatch else None, "mismatch_step": mismatch[1] if mismatch else None}
 

@@ -142,3 +142,20 @@ def test_an_evaluation_line_gives_the_rollouts_until_it_was_asked_and_their_rate
     first, second = (json.loads(line) for line in capsys.readouterr().err.splitlines())
     assert (first["rollouts"], first["rollouts_per_s"]) == (1000, 0.0)
     assert second["rollouts"] == 3000 and second["rollouts_per_s"] == pytest.approx(100, rel=0.01)
+
+
+def test_before_any_step_a_line_shows_no_reward_or_zero_signal_share(capsys):
+    """The step-0 evaluation can be shown before a step or a returned group: it read
+    'reward 0.000 ... zero-signal 1.00', figures of nothing."""
+    from types import SimpleNamespace
+
+    from prl.cli.console import Console
+
+    evaluation = SimpleNamespace(version=0, rollouts_generated=0, started_at=time.time(), figures={"accuracy": 0.332})
+    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: [evaluation]), groups_returned=0,
+                                groups_with_signal=0, counters={})
+    learner = SimpleNamespace(counters={}, rollouts_generated=0, version=0, last_stats={})
+    console = Console(10, 0, fmt="console", enabled=True)
+    console.update(learner, scheduler)
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.split() == ["step", "0", "rollouts", "0", "(0/s)", "held-out", "0.332", "replay", "0.00", "stale", "0"]
