@@ -114,7 +114,7 @@ def add_inspect(sub) -> None:
     common(isub.add_parser("report", help="every service's metrics in run.run_dir as learning_curve.png and run_report.png"))
     tail = isub.add_parser("tail", help="decoded messages of a topic (kind like rollouts, or a full name)")
     common(tail)
-    tail.add_argument("topic")
+    tail.add_argument("topic", help="problems, rollouts, batches, policy, deadletter, or a full topic name")
     tail.add_argument("--from-beginning", action="store_true", help="start at the oldest message (default: the end)")
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new messages")
     tail.add_argument("--json", action="store_true", help="JSON lines instead of a table")
