@@ -132,7 +132,7 @@ def add_explain(sub) -> None:
     explain = sub.add_parser("explain", help="why a problem was dispatched, retested, retired or not chosen, and the fate "
                                              "of its rollouts (from the run directory)")
     common(explain)
-    explain.add_argument("problem_id")
+    explain.add_argument("problem_id", help="a training problem's id, as the dataset or the archive names it")
 
 
 def add_replay(sub) -> None:
