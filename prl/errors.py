@@ -5,6 +5,8 @@ list them all, ``prl.cli.user_errors``); this floor imports none of them, so eve
 
 from __future__ import annotations
 
+import errno
+
 
 class UsageError(ValueError):
     """A command used in a way it cannot run (the message says how to run it)."""
@@ -27,8 +29,23 @@ HINTS = {  # exception class name -> what to change, after the library's own mes
 }
 
 
+# An OSError of the machine, not of the code: what to change, after its message
+DISK_HINTS = {
+    errno.ENOSPC: "free space on the file system written to (run.run_dir, --out, the temp dir) or write elsewhere",
+    errno.EDQUOT: "the disk quota is used up: free some or write elsewhere",
+    errno.EROFS: "that file system is read-only: write elsewhere",
+}
+
+
+def disk_full_or_read_only(exc: BaseException) -> bool:
+    """A write the machine refused (no space, no quota, read-only): the person fixes the disk."""
+    return isinstance(exc, OSError) and exc.errno in DISK_HINTS
+
+
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     if type(exc).__name__ in HINTS:
         text += f"; {HINTS[type(exc).__name__]}"
+    elif disk_full_or_read_only(exc):
+        text += f"; {DISK_HINTS[exc.errno]}"
     return text if len(text) <= 600 else text[:597] + "..."

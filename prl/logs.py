@@ -52,6 +52,7 @@ def configure(fmt: str = "console", level: str = "info", log_file: str | None = 
     root.setLevel(min(h.level for h in handlers))
     _route_libraries(max(logging.WARNING, min(h.level for h in handlers)))
     logging.captureWarnings(True)  # a library's warnings.warn is a log line too (logger py.warnings)
+    logging.raiseExceptions = False  # a line the file cannot take (a full disk) is lost, not a traceback on the console
 
 
 THIRD_PARTY = (*LIBRARIES, "py.warnings", "torch", "peft", "accelerate", "matplotlib", "PIL")

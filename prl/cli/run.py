@@ -20,7 +20,7 @@ from prl.cli import keep_config
 from prl.cli.console import Console, summary_table
 from prl.cli.interrupt import Interrupt
 from prl.devices import limit_heap_fragmentation
-from prl.errors import UsageError
+from prl.errors import UsageError, disk_full_or_read_only, one_line
 from prl.metrics import MetricsSink, read_run_metrics
 from prl.plots import learning_curve, priority_histogram
 from prl.scheduler.evaluation import MAX_ATTEMPTS
@@ -263,12 +263,11 @@ def _guarded(service, stop: threading.Event, failures: list) -> None:
     the error for the caller."""
     try:
         service.run(stop)
-    except ServiceStopped as exc:
-        log.error("service_stopped", service=service.name, reason=str(exc))
-        failures.append(exc)
-        stop.set()
     except BaseException as exc:
-        log.exception("service_failed", service=service.name)
+        if isinstance(exc, ServiceStopped) or disk_full_or_read_only(exc):  # the person's to fix: no traceback
+            log.error("service_stopped", service=service.name, reason=one_line(exc))
+        else:
+            log.exception("service_failed", service=service.name)
         failures.append(exc)
         stop.set()
 

@@ -118,3 +118,33 @@ def test_a_config_that_asks_for_cuda_without_one_is_one_line_and_exit_2(tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "run.device = 'cuda' but torch" in err and "sees no CUDA GPU" in err and 'run.device = "auto"' in err
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_the_same_command_continues_it(tmp_path, capsys, monkeypatch):
+    """A full disk came out as pages of tracebacks (the service's, then the log file's own,
+    which sits on the same disk) and exit 1. It is the person's to fix: one line naming it and
+    what to change, exit 2; once there is room, the same command continues from the checkpoint."""
+    import errno
+
+    from prl.scheduler import archive
+
+    written = []
+
+    def full_after_two(fs, path, data):
+        if len(written) >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(path)
+        archive_write(fs, path, data)
+
+    archive_write = archive.replace_file
+    monkeypatch.setattr(archive, "replace_file", full_after_two)
+    argv = ["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--max-steps", "30",
+            "--set", "learner.eval_every=0", "--set", "learner.checkpoint_every=1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "prl run: [Errno 28] No space left on device; free space on the file system written to (run.run_dir, --out, "
+        "the temp dir) or write elsewhere")
+    monkeypatch.setattr(archive, "replace_file", archive_write)
+    assert main(argv) == 0
+    assert "(continued from its checkpoint)" in capsys.readouterr().err

@@ -54,3 +54,25 @@ def test_native_writes_go_to_the_log_file_while_the_console_keeps_python_s(tmp_p
     assert out.returncode == 0, out.stderr
     assert out.stderr == "step 1\nafter\n"
     assert log_file.read_text() == "[W1205 utils.cpp:68] Warning: NUMA binding\n"
+
+
+def test_a_log_file_on_a_full_disk_loses_lines_and_prints_no_traceback(capsys, tmp_path):
+    """Python's logging prints '--- Logging error ---' and a traceback to stderr for every line
+    a handler cannot write: pages of them on a full disk, under the one line that says so."""
+    import errno
+
+    import structlog
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    logs.configure("console", "info", log_file=str(tmp_path / "prl.log"), console_level="warning")
+    next(h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)).stream = FullDisk()
+    structlog.get_logger("learner").warning("checkpoint_written")
+    err = capsys.readouterr().err
+    assert "checkpoint_written" in err and "Logging error" not in err and "Traceback" not in err
+    logging.captureWarnings(False)
