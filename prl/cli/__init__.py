@@ -100,13 +100,20 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail again
         return 128 + signal.SIGPIPE  # what a shell reports for a Unix tool whose reader left
     except Exception as exc:
-        from prl.errors import disk_full_or_read_only, one_line
+        from prl.errors import one_line
 
-        if getattr(args, "debug", False) or not (isinstance(exc, user_errors()) or disk_full_or_read_only(exc)):
+        if getattr(args, "debug", False) or not fixable(exc):
             raise
         where = " ".join(filter(None, ["prl", args.command, getattr(args, "action", None)]))
         print(f"{where}: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def fixable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure the person fixes (the input, the environment, the disk)."""
+    from prl.errors import disk_full_or_read_only
+
+    return isinstance(exc, user_errors()) or disk_full_or_read_only(exc)
 
 
 def user_errors() -> tuple[type, ...]:

@@ -16,15 +16,14 @@ import fsspec
 import structlog
 
 from prl import logs
-from prl.cli import keep_config
+from prl.cli import fixable, keep_config
 from prl.cli.console import Console, summary_table
 from prl.cli.interrupt import Interrupt
 from prl.devices import limit_heap_fragmentation
-from prl.errors import UsageError, disk_full_or_read_only, one_line
+from prl.errors import UsageError, one_line
 from prl.metrics import MetricsSink, read_run_metrics
 from prl.plots import learning_curve, priority_histogram
 from prl.scheduler.evaluation import MAX_ATTEMPTS
-from prl.service import ServiceStopped
 from prl.storage import check_writable
 from prl.trackers import make_trackers
 from prl.transport.memory import MemoryBroker, MemoryTransport
@@ -264,7 +263,7 @@ def _guarded(service, stop: threading.Event, failures: list) -> None:
     try:
         service.run(stop)
     except BaseException as exc:
-        if isinstance(exc, ServiceStopped) or disk_full_or_read_only(exc):  # the person's to fix: no traceback
+        if fixable(exc):  # the person's to fix (ServiceStopped, a full disk, ...): no traceback
             log.error("service_stopped", service=service.name, reason=one_line(exc))
         else:
             log.exception("service_failed", service=service.name)
