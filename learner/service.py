@@ -87,7 +87,7 @@ MEMORY_FIX = "train a LoRA adapter (learner.lora_rank), or shard the learner ove
 
 
 class Learner(Service):
-    name = "learner"
+    name = role = "learner"
     reads, writes = (BATCHES, ROLLOUTS), (POLICY,)  # rollouts: claim-check batches are fetched from it
 
     def __init__(self, cfg, transport, metrics=None, batches_from: str | None = None):
@@ -471,12 +471,6 @@ class Learner(Service):
                 self.trained[r.rollout_id] = None
         while len(self.trained) > TRAINED_MEMORY:
             self.trained.popitem(last=False)
-
-    def stop_if_replaced(self) -> None:
-        """ServiceStopped once a newer learner has claimed the run: this one writes nothing more."""
-        if newer := epochs.fenced(self.cfg.run.run_dir, "learner", self.epoch):
-            raise ServiceStopped(f"another learner took over this run ({newer}): this one stops without writing "
-                                 "(one learner per run: check that its StatefulSet has one replica)")
 
     def save(self) -> None:
         """Checkpoint this step: its state copied to host memory now and written by a background

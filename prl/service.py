@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 import structlog
 
+from prl import epochs
 from prl.deadletter import dead_letter
 from prl.metrics import MetricsSink
 from prl.transport import Message, Transport, TransportError
@@ -76,6 +77,12 @@ class Outage:
         self.since, self.backoff, self.said = None, MIN_BACKOFF_S, False
 
 
+# A scheduler or learner that waits (for the learner, for batches) writes nothing, so it would not
+# learn at a write that a newer one took over its run: while idle it looks this often.
+REPLACED_CHECK_S = 30.0
+ONE_PER_RUN = {"scheduler": "its Deployment has one replica", "learner": "its StatefulSet has one replica"}
+
+
 class Idle:
     """Steps that succeed and move nothing (``Service.progress`` unchanged): after IDLE_S the
     service logs ``idle`` with what it waits for (``Service.waiting_for``), again at 2, 4, ...
@@ -127,6 +134,8 @@ class Service:
     writes: tuple[str, ...] = ()  # topic kinds it publishes (dead letters aside)
     ended = False  # finished and waiting to be stopped (run's when_finished="wait"): /health says so
     answers_http = True  # serves run's /health and /metrics (under torchrun, the learner's rank 0 alone)
+    role = ""  # "scheduler" or "learner": one per run, the newest claim's epoch fencing the others (prl/epochs.py)
+    epoch = 0  # the epoch this one claimed (0: none: not a role, or a learner's rank other than 0)
 
     def __init__(self, cfg, transport: Transport, metrics: MetricsSink | None = None):
         self.cfg = cfg
@@ -148,6 +157,7 @@ class Service:
         self.hung_step_said: float | None = None  # the start of the step whose hang was logged
         self.outage = Outage(self)
         self.idle = Idle(self)
+        self.replaced_checked_at = time.monotonic()
 
     def topic(self, kind: str) -> str:
         return topic_name(self.cfg.run.name, kind)
@@ -299,10 +309,23 @@ class Service:
             self.outage.over()
             self.last_step_at, self.step_started_at = time.monotonic(), None
             self.idle.stepped(self.last_step_at)
+            self.check_replaced_while_idle(self.last_step_at)
             self.slowest_step_s = max(self.slowest_step_s, self.last_step_at - started)
             if done:
                 return True
         return False
+
+    def stop_if_replaced(self) -> None:
+        """ServiceStopped once a newer one of this role has claimed the run: this one writes nothing more."""
+        if self.epoch and (newer := epochs.fenced(self.cfg.run.run_dir, self.role, self.epoch)):
+            raise ServiceStopped(f"another {self.role} took over this run ({newer}): this one stops without writing "
+                                 f"(one {self.role} per run: check that {ONE_PER_RUN[self.role]}, and that no second "
+                                 "`prl run` uses its directory)")
+
+    def check_replaced_while_idle(self, now: float) -> None:
+        if self.epoch and self.idle.seconds(now) >= REPLACED_CHECK_S and now - self.replaced_checked_at >= REPLACED_CHECK_S:
+            self.replaced_checked_at = now
+            self.stop_if_replaced()
 
     def health(self) -> dict:
         """/health's answer (prl/status.py): its status (``health_status``) and the seconds since the last step."""

@@ -94,7 +94,7 @@ class InFlight:
 
 
 class Scheduler(Service):
-    name = "scheduler"
+    name = role = "scheduler"
     reads, writes = (ROLLOUTS, POLICY), (PROBLEMS, BATCHES)
     poll_s = 0.1
     finish_asked = False  # a caller's budget ended (prl run): finish as at learner.max_steps
@@ -516,9 +516,7 @@ class Scheduler(Service):
     def snapshot(self, pending: TrainBatch | None = None) -> None:
         """Write the state (and the batch about to be published), then commit the rollout
         offsets it covers. A scheduler that a newer one replaced stops instead (ServiceStopped)."""
-        if newer := epochs.fenced(self.cfg.run.run_dir, "scheduler", self.epoch):
-            raise ServiceStopped(f"another scheduler took over this run ({newer}): this one stops without writing "
-                                 "(one scheduler per run: check that its Deployment has one replica)")
+        self.stop_if_replaced()
         replay = self.replay.state_dict()[1] if self.replay else []
         uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending, self.logs)
         self.archive.flush()  # what the committed offsets cover is archived, too

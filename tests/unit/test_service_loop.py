@@ -190,6 +190,33 @@ def test_the_loop_follows_each_steps_progress(monkeypatch):
     assert svc.health()["seconds_idle"] >= svc.health()["seconds_since_step"]
 
 
+@pytest.mark.parametrize("role", ["scheduler", "learner"])
+def test_a_replaced_scheduler_or_learner_that_waits_stops_though_it_writes_nothing(monkeypatch, tmp_path, role):
+    """A second `prl run` on the same directory claimed both roles while the first's scheduler
+    waited for its learner and its learner for a batch the scheduler would not send: each only
+    looked at a write, neither wrote, and the first run hung for good. Idle, each looks every
+    REPLACED_CHECK_S (a step that gets work done looks at its writes, as before)."""
+    from prl import epochs
+
+    class Waiting(Flaky):
+        def progress(self):
+            return "nothing done"
+
+        def step(self):
+            self.steps += 1
+            if self.steps == 3:  # the second run starts
+                epochs.claim(self.cfg.run.run_dir, role)
+            return self.steps > 1000
+
+    monkeypatch.setattr(service, "REPLACED_CHECK_S", 0.0)
+    svc = Waiting(failures=0)
+    svc.cfg = load_config(overrides=[f"run.run_dir='{tmp_path}'"])
+    svc.role, svc.epoch = role, epochs.claim(str(tmp_path), role)
+    with pytest.raises(service.ServiceStopped, match=f"another {role} took over this run"):
+        svc.run()
+    assert svc.steps == 3
+
+
 def get(url: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
