@@ -6,6 +6,7 @@ import json
 import os
 import random
 import threading
+import time
 import uuid
 from collections import Counter
 
@@ -128,12 +129,12 @@ def test_fuzzed_topics_are_dead_lettered_and_training_goes_on(transport_cfg):
     for t in threads:
         t.start()
     consumers = 5  # problems: producer; rollouts: scheduler; batches: learner; policy: scheduler and producer
-    reader = transport.subscriber([topic_name(cfg.run.name, DEADLETTER)], group=None)
-    letters: list[bytes] = []  # decoded once the services stop: not while they share this process
+    reader = DeadLetters(transport, topic_name(cfg.run.name, DEADLETTER))
+    letters = reader.values  # decoded once the services stop: not while they share this process
 
     def done():
         assert all(t.is_alive() for t in threads[:2]), f"a service stopped (the learner at step {services[2].version})"
-        letters.extend(m.value for m in reader.poll(0.2, max_records=5000))
+        reader.poll()
         return services[2].version >= 3 and len(letters) >= consumers * per_topic
 
     try:
@@ -150,6 +151,36 @@ def test_fuzzed_topics_are_dead_lettered_and_training_goes_on(transport_cfg):
         reader.close()
     assert services[2].version >= 3 and not any(t.is_alive() for t in threads)
     assert_each_dead_lettered_once_with_its_bytes([decode(v, DeadLetter) for v in letters], injected)
+
+
+class DeadLetters:
+    """The dead-letter topic read from its start. A reader that has had nothing new for
+    STUCK_S reads it again from the start: in one CI run this test's reader stopped 2 short of
+    50,000 while the topic held all of them (a fresh consumer read every one; the tansu broker's
+    end offset said 49,999), and the test timed out though every service had done its part."""
+
+    STUCK_S = 60.0
+
+    def __init__(self, transport, topic: str):
+        self.transport, self.topic, self.values = transport, topic, []
+        self.start()
+
+    def start(self) -> None:
+        self.subscriber = self.transport.subscriber([self.topic], group=None)
+        self.values.clear()
+        self.grew_at = time.monotonic()
+
+    def poll(self) -> None:
+        new = [m.value for m in self.subscriber.poll(0.2, max_records=5000)]
+        self.values.extend(new)
+        if new:
+            self.grew_at = time.monotonic()
+        elif time.monotonic() - self.grew_at > self.STUCK_S:
+            self.subscriber.close()
+            self.start()
+
+    def close(self) -> None:
+        self.subscriber.close()
 
 
 def inject(cfg, injector, per_topic: int) -> dict[str, list[bytes]]:
