@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import count, write_json
+from benchmarks.common import count, output_file, write_json
 from benchmarks.memory import in_fresh_process, peak_mb
 
 GROUPS_PER_VERSION = 16
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="prl bench archive", description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=count, default=3_000, help="archived groups of 8 rollouts (16 a version)")
     ap.add_argument("--tokens", type=count, default=2_000, help="completion tokens per rollout")
-    ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    ap.add_argument("--json", metavar="PATH", type=output_file, help="write the figures as JSON")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         uri = f"{tmp}/archive"

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import count, s3_server, write_json
+from benchmarks.common import count, output_file, s3_server, write_json
 from benchmarks.memory import in_fresh_process
 
 
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=count, default=12)
     ap.add_argument("--checkpoint-every", type=count, default=4)
     ap.add_argument("--rollouts", type=count, default=8, help="rollouts per batch (16 + 32 tokens each)")
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     args = ap.parse_args(argv)
 
     from transformers import AutoConfig

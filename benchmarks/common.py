@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prl.cli.parser import count, fraction, natural, positive  # noqa: F401 (the benchmarks' option types)
+from prl.cli.parser import count, fraction, natural, output_file, positive, write_text  # noqa: F401 (the benchmarks' option types)
 
 
 @functools.cache
@@ -56,8 +56,7 @@ def write_json(args, **figures) -> None:
     ``args.json`` when it was given."""
     if args.json:
         code = code_version()  # before the file is opened: rewriting a committed results file would count as a change
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "code": code, "machine": machine(), **figures}, f, indent=2, default=str)
+        write_text(args.json, json.dumps({"args": vars(args), "code": code, "machine": machine(), **figures}, indent=2, default=str))
 
 
 def bench_prompts(task: str | None, n: int) -> list[str]:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import count, natural, write_json
+from benchmarks.common import count, natural, output_file, write_json
 
 BEFORE = "edf0c08 (publishes not kept, 30 s reconnect backoff): 1 stall in 4 runs of 90 s, recovery 9-21 s otherwise"
 
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
                     help="learner.max_steps = 2 + this x fault seconds: the run must outlast the faults")
     ap.add_argument("--seed", type=natural, default=0)
     ap.add_argument("--keep", metavar="DIR", help="keep each run's logs under DIR")
-    ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    ap.add_argument("--json", metavar="PATH", type=output_file, help="write the figures as JSON")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's test helpers
     runs = []

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from benchmarks.common import count, positive, quiet_console, write_json
+from benchmarks.common import count, output_file, positive, quiet_console, write_json
 
 # Qwen2 shapes by size (the 0.5B and 1.5B of Qwen2.5), and a tiny one for the test suite.
 SHAPES = {
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-tokens", type=count, default=256)
     ap.add_argument("--peak-tflops", type=positive, help="the device's dense bf16 peak (known: H100, H200, A100)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     args = ap.parse_args(argv)
     if args.prompt >= args.seq:
         ap.error("--prompt must be shorter than --seq")

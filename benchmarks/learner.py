@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import count, write_json
+from benchmarks.common import count, output_file, write_json
 from prl.learner.sources import write_batches
 from prl.schemas import TrainBatch, TrainRollout
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=count, default=16)
     ap.add_argument("--completion", type=count, default=32)
     ap.add_argument("--micro", type=count, nargs="+", default=[512, 2048, 8192])
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     args = ap.parse_args(argv)
     if args.model:
         return real_model(args)

@@ -18,7 +18,7 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from benchmarks.common import bench_prompts, count, quiet_console, write_json
+from benchmarks.common import bench_prompts, count, output_file, quiet_console, write_json
 
 LEARNER_PROMPT = 64  # prompt tokens of each synthetic rollout of --learner
 
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rollouts", type=count, default=8, help="with --learner: rollouts in the step")
     ap.add_argument("--completion-tokens", type=count, default=1000, help=f"with --learner: tokens of each completion "
                     f"(prompts: {LEARNER_PROMPT})")
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     args = ap.parse_args(argv)
     return learner_side_by_side(args) if args.learner else generate_side_by_side(args)
 

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from benchmarks.common import bench_prompts, count, write_json
+from benchmarks.common import bench_prompts, count, output_file, write_json
 
 
 def measure(backend, prompts, sampling, group_size, calls, chat: bool = False):
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--group-size", type=count, default=8)
     ap.add_argument("--max-tokens", type=count, default=8)
     ap.add_argument("--calls", type=count, default=5)
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import count, natural, positive, quiet_console, write_json
+from benchmarks.common import count, natural, output_file, positive, quiet_console, write_json
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # Each task: its example config, and the data it trains on, made fresh by the bench with `prl
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
                     help="also evaluate before and after with this completion budget (no truncation: is the gain "
                          "more than answering within the training budget?); 0: skip")
     ap.add_argument("--png", default="runs/bench-real-curve.png", help="draw the held-out curves here")
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     ap.add_argument("--compare", nargs="+", metavar="JSON", help="run nothing: print stored runs (--json files) side by "
                     "side and draw their curves into --png")
     args = ap.parse_args(argv)

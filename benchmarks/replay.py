@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import count, fraction, natural, write_json
+from benchmarks.common import count, fraction, natural, output_file, write_json
 from prl.formulas import rollout_age
 from prl.scheduler.replay import ReplayBuffer
 from prl.schemas import TrainRollout
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=count, default=200)
     ap.add_argument("--naive-steps", type=count, default=3)
     ap.add_argument("--seed", type=natural, default=0)
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     args = ap.parse_args(argv)
     prl = run(ReplayBuffer, args.steps, args.fresh, args.ratio, args.tau_max, args.capacity, args.seed)
     naive = run(NaiveBuffer, args.naive_steps, args.fresh, args.ratio, args.tau_max, args.capacity, args.seed)

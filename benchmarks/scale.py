@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import count, positive, write_json
+from benchmarks.common import count, output_file, positive, write_json
 from prl.metrics import bucket_quantile
 from prl.transport.kafka import FETCH_MAX_WAIT_MS  # the raw latency probe waits as the services' consumers do
 
@@ -609,7 +609,7 @@ def main(argv=None) -> int:
                     help="to ramp, in turn on the same broker: batches that copy or claim-check the rollouts, and "
                          "+rewards_only: producers send groups without a signal as their rewards only")
     ap.add_argument("--bootstrap", help="an existing broker (default: start tansu)")
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     args = ap.parse_args(argv)
     quiet()
 

@@ -20,7 +20,7 @@ import tracemalloc
 
 import numpy as np
 
-from benchmarks.common import count, natural, write_json
+from benchmarks.common import count, natural, output_file, write_json
 from prl.formulas import bernoulli_variance, success_estimate
 from prl.scheduler.priority import PrioritySampler
 from prl.schemas.config import PriorityConfig
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=count, default=512, help="problems dispatched per round")
     ap.add_argument("--group-size", type=count, default=8)
     ap.add_argument("--seed", type=natural, default=0)
-    ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    ap.add_argument("--json", metavar="PATH", type=output_file, help="write the figures as JSON")
     args = ap.parse_args(argv)
     prl = run_prl(args.problems, args.rounds, args.batch, args.group_size, args.seed)
     naive = run_naive(args.problems, args.naive_rounds, args.batch, args.group_size, args.seed)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import count, natural, write_json
+from benchmarks.common import count, natural, output_file, write_json
 from prl.scheduler.snapshot import Logs, write_snapshot
 from prl.schemas import Rollout, RolloutGroup, TrainBatch, TrainRollout
 
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", type=count, default=100_000, help="problems in the pool (the sampler's arrays)")
     ap.add_argument("--steps", type=count, default=3)
     ap.add_argument("--seed", type=natural, default=0)
-    ap.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    ap.add_argument("--json", metavar="PATH", type=output_file, help="write the figures as JSON")
     args = ap.parse_args(argv)
     if args.fresh * 2 > args.buffer:
         ap.error("--fresh must be at most half of --buffer")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import count, natural, positive, write_json
+from benchmarks.common import count, natural, output_file, positive, write_json
 
 
 # -- 1. Kafka path ---------------------------------------------------------------------------
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", type=positive, default=0.5, help="simulated generation seconds per producer call")
     ap.add_argument("--steps", type=count, default=24)
     ap.add_argument("--warmup", type=natural, default=4)
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     args = ap.parse_args(argv)
 
     from prl import logs

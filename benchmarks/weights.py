@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import count, positive, s3_server, write_json
+from benchmarks.common import count, output_file, positive, s3_server, write_json
 
 SIZES = {"135M": 135e6, "1.7B": 1.7e9, "7B": 7.0e9}
 PRODUCERS = 64
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=positive, nargs="+", default=[1e-5, 3e-6],
                     help="learning rates; the first is also measured on S3 and for checkpoints")
     ap.add_argument("--lora-rank", type=count, default=8)
-    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--json", metavar="PATH", type=output_file)
     args = ap.parse_args(argv)
 
     import torch

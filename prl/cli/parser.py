@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 BENCHMARKS = ("scheduler", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights", "memory",
               "snapshots", "faults", "gpu", "archive", "checkpoint")
@@ -39,6 +41,27 @@ def address(text: str) -> str:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not host:port")
     return text
+
+
+def output_file(text: str) -> str:
+    """A local file a command writes when its work is done (an argparse type): a file name in a
+    directory that exists and can be written, or can be made (``write_text`` makes it). Checked
+    before the work, so a mistyped path does not throw away a long benchmark's figures."""
+    path = Path(text)
+    if not path.name or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file name")
+    existing = path.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {existing} is not a directory this user can write")
+    return text
+
+
+def write_text(path: str, text: str) -> None:
+    """Write an ``output_file``, making its missing directories."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
 
 
 class Parser(argparse.ArgumentParser):
@@ -153,7 +176,7 @@ def add_replay(sub) -> None:
         if action == "publish":
             r.add_argument("--rate", type=rate, default=10.0, help="batches per second at most (0: unlimited)")
         else:
-            r.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+            r.add_argument("--json", metavar="PATH", type=output_file, help="also write the figures as JSON")
 
 
 def add_model(sub) -> None:

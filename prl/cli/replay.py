@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from prl.cli.parser import write_text
 from prl.formulas import bernoulli_variance, group_outcome, has_signal
 from prl.scheduler.archive import ArchivedGroups, GroupOutcome, read_outcomes
 from prl.schemas import RolloutGroup, TrainBatch
@@ -329,7 +330,6 @@ def command(args, cfg) -> int:
         print(f"trained {result['steps']} steps on {result['batches']} archived batches into {result['run_dir']} "
               f"(last checkpoint {result['checkpoint']})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_text(args.json, json.dumps(result, indent=2))
         print(f"wrote {args.json}")
     return 0

@@ -1,4 +1,5 @@
-"""A benchmark given a wrong argument stops with one line naming it, before any work."""
+"""A benchmark given a wrong argument (a number, a --json path it could not write) stops with one
+line naming it, before any work."""
 
 import pytest
 
@@ -21,6 +22,7 @@ from prl.cli import main
     (["memory", "--learner", "--completion-tokens", "0"], "argument --completion-tokens: '0' is not a whole number >= 1"),
     (["archive", "--groups", "0"], "argument --groups: '0' is not a whole number >= 1"),
     (["checkpoint", "--checkpoint-every", "0"], "argument --checkpoint-every: '0' is not a whole number >= 1"),
+    (["real", "--json", f"{__file__}/r.json"], f"argument --json: cannot write '{__file__}/r.json'"),  # before its runs
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_wrong_benchmark_argument_is_one_line(capsys, argv, line):
     with pytest.raises(SystemExit) as exit_:

@@ -25,7 +25,7 @@ def archive(tmp_path):
     ("whatif", "strategies", ["whatif.png"]),
 ])
 def test_report_and_whatif_print_draw_and_write_json(tmp_path, capsys, archive, action, key, pngs):
-    out, figures = tmp_path / "replay", tmp_path / f"{action}.json"
+    out, figures = tmp_path / "replay", tmp_path / "new" / f"{action}.json"  # its directory is made
     code = main(["replay", action, str(archive), "--out", str(out), "--no-progress", "--json", str(figures)])
     assert code == 0
     assert f"wrote {figures}" in capsys.readouterr().out
@@ -39,6 +39,8 @@ def test_report_and_whatif_print_draw_and_write_json(tmp_path, capsys, archive, 
     (["run", "--max-minutes", "nan"], "argument --max-minutes: 'nan' is not a number > 0"),
     (["inspect", "tail", "rollouts", "--limit", "0"], "argument --limit: '0' is not a whole number >= 1"),
     (["inspect", "tail", "rollouts", "--min-reward", "x"], "argument --min-reward: 'x' is not a finite number"),
+    (["replay", "whatif", "--json", f"{__file__}/w.json"], f"argument --json: cannot write '{__file__}/w.json': {__file__} is not a"),
+    (["replay", "report", "--json", "."], "argument --json: '.' is a directory, not a file name"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_wrong_number_is_one_line(capsys, argv, line):
     with pytest.raises(SystemExit) as exit_:
