@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rollouts", type=count, help="rollout budget of each run (default: the task's)")
     ap.add_argument("--target", type=fraction, help="held-out accuracy to reach (default: the task's)")
     ap.add_argument("--jobs", type=count, default=2, help="runs at once, each in a process of its own")
-    ap.add_argument("--png", help="draw every run's curve here")
+    ap.add_argument("--png", type=output_file, help="draw every run's curve here")
     ap.add_argument("--json", metavar="PATH", type=output_file, help="write the runs and figures as JSON")
     args = ap.parse_args(argv)
     budget, target = args.rollouts or TASKS[args.task][0], args.target or TASKS[args.task][1]

@@ -239,7 +239,7 @@ def main(argv=None) -> int:
     ap.add_argument("--long-tokens", type=natural, default=128,
                     help="also evaluate before and after with this completion budget (no truncation: is the gain "
                          "more than answering within the training budget?); 0: skip")
-    ap.add_argument("--png", default="runs/bench-real-curve.png", help="draw the held-out curves here")
+    ap.add_argument("--png", type=output_file, default="runs/bench-real-curve.png", help="draw the held-out curves here")
     ap.add_argument("--json", metavar="PATH", type=output_file)
     ap.add_argument("--compare", nargs="+", metavar="JSON", help="run nothing: print stored runs (--json files) side by "
                     "side and draw their curves into --png")

@@ -44,9 +44,12 @@ def address(text: str) -> str:
 
 
 def output_file(text: str) -> str:
-    """A local file a command writes when its work is done (an argparse type): a file name in a
-    directory that exists and can be written, or can be made (``write_text`` makes it). Checked
-    before the work, so a mistyped path does not throw away a long benchmark's figures."""
+    """A file a command writes when its work is done (an argparse type): on a local disk, a file
+    name in a directory that exists and can be written, or can be made; a URI (``s3://...``) as
+    given. Checked before the work, so a mistyped path does not throw away a long benchmark's
+    figures."""
+    if "://" in text:
+        return text
     path = Path(text)
     if not path.name or path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file name")
@@ -59,9 +62,11 @@ def output_file(text: str) -> str:
 
 
 def write_text(path: str, text: str) -> None:
-    """Write an ``output_file``, making its missing directories."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)
+    """Write an ``output_file`` (a path, its missing directories made, or an fsspec URI)."""
+    import fsspec
+
+    with fsspec.open(path, "w") as f:
+        f.write(text)
 
 
 class Parser(argparse.ArgumentParser):

@@ -23,6 +23,7 @@ from prl.cli import main
     (["archive", "--groups", "0"], "argument --groups: '0' is not a whole number >= 1"),
     (["checkpoint", "--checkpoint-every", "0"], "argument --checkpoint-every: '0' is not a whole number >= 1"),
     (["real", "--json", f"{__file__}/r.json"], f"argument --json: cannot write '{__file__}/r.json'"),  # before its runs
+    (["learning", "--png", f"{__file__}/c.png"], f"argument --png: cannot write '{__file__}/c.png'"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
 def test_a_wrong_benchmark_argument_is_one_line(capsys, argv, line):
     with pytest.raises(SystemExit) as exit_:
