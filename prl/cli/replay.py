@@ -235,16 +235,16 @@ def to_batches(groups: Iterable[RolloutGroup], cfg) -> Iterator[TrainBatch]:
             seq += 1
 
 
-def publish(cfg, transport, uri: str, rate: float, progress: bool = True) -> int:
+def publish(cfg, transport, groups: ArchivedGroups, rate: float, progress: bool = True) -> int:
     """Archived groups as batches on ``<run>.batches``, at most ``rate`` batches per second. The
     command is the run's batch writer while it publishes: it claims a scheduler epoch (a running
-    scheduler of the run is fenced) and stamps it on every batch."""
+    scheduler of the run is fenced) and stamps it on every batch. The caller opens the archive
+    and the transport first: a command that cannot publish fences nothing."""
     from prl import epochs
     from prl.schemas import encode, headers
     from prl.schemas.topics import BATCHES, topic_name
 
     epoch = epochs.claim(cfg.run.run_dir, "scheduler")
-    groups = ArchivedGroups(uri)
     transport.ensure_topics(cfg.run.name)
     pub = transport.publisher()
     published = 0
@@ -322,7 +322,8 @@ def command(args, cfg) -> int:
     elif args.action == "publish":
         from prl.transport import make_transport
 
-        n = publish(cfg, make_transport(cfg.transport), uri, args.rate, progress)
+        groups = ArchivedGroups(uri)  # an archive that is not there fences no scheduler, and needs no broker
+        n = publish(cfg, make_transport(cfg.transport), groups, args.rate, progress)
         print(f"published {n} batches to {cfg.run.name}.batches")
         return 0
     else:

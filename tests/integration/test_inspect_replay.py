@@ -11,7 +11,7 @@ import pytest
 from prl.learner.service import Learner
 from prl.cli import inspect, replay
 from prl.transport.kafka import KafkaTransport
-from prl.scheduler.archive import RolloutArchive, read_archive
+from prl.scheduler.archive import ArchivedGroups, RolloutArchive, read_archive
 from prl.schemas import encode
 from prl.schemas.config import BUILTIN_STRATEGIES, load_config
 from prl.schemas.topics import ROLLOUTS, topic_name
@@ -146,7 +146,7 @@ def assert_published_archive_trains_a_learner(uri: str, groups, kafka_broker, ru
     cfg = kafka_config(kafka_broker, run_name, **{"run.run_dir": json.dumps(str(tmp_path / "run")), "learner.eval_every": 0,
                                                   "scheduler.groups_per_batch": 8, "run.threads": 1})
     transport = KafkaTransport(cfg.transport.kafka)
-    n_batches = replay.publish(cfg, transport, uri, rate=0, progress=False)
+    n_batches = replay.publish(cfg, transport, ArchivedGroups(uri), rate=0, progress=False)
     assert n_batches == 12
     cfg = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"max_steps": n_batches})})
     learner = Learner(cfg, transport)
