@@ -17,6 +17,14 @@ def command(args, cfg) -> int:
     return 0
 
 
+def close_ids(problem_id: str, ids: list[str]) -> str:
+    """What the person may have meant: the ids closest to the one given, or an example id."""
+    import difflib
+
+    close = difflib.get_close_matches(problem_id, ids, n=3, cutoff=0.8)
+    return f"did you mean {' or '.join(map(repr, close))}?" if close else f"e.g. {ids[0]!r}"
+
+
 def explain(cfg, problem_id: str) -> str:
     from prl.scheduler.samplers import make_sampler
     from prl.scheduler.snapshot import read_snapshot
@@ -30,7 +38,7 @@ def explain(cfg, problem_id: str) -> str:
         raise UsageError(f"no scheduler snapshot under {cfg.run.run_dir}/scheduler yet: is --run-dir the run's directory?")
     index = {p.id: i for i, p in enumerate(problems)}
     if problem_id not in index:
-        raise UsageError(f"{problem_id!r} is not a training problem of this run's task (e.g. {problems[0].id!r})")
+        raise UsageError(f"{problem_id!r} is not a training problem of this run's task ({close_ids(problem_id, list(index))})")
     state, fresh, replay, _ = snap
     sampler.load_state_dict(state["sampler"])
     i = index[problem_id]

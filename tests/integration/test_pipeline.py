@@ -535,6 +535,8 @@ def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys
     assert main(["explain", never, "--run-dir", run, *prior_set]) == 0  # every command takes --run-dir
     out = capsys.readouterr().out
     assert "never tried" in out and "no archived group" in out
+    assert main(["explain", archived[0] + "x", "--run-dir", run, *prior_set]) == 2  # mistyped: the id meant is named
+    assert f"is not a training problem of this run's task (did you mean {archived[0]!r}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("claim_check", [False, True])
