@@ -94,18 +94,22 @@ def host_copy(tensors: dict) -> dict:
 
 def write_files(run_dir: str, step: int, files: dict[str, dict | bytes]) -> dict[str, str]:
     """Write files of the checkpoint of ``step`` (tensors as safetensors); {file name: checksum}.
-    No manifest and no ``latest``: it is not a checkpoint until ``complete_checkpoint``."""
-    return {fname: storage.write_file(root(run_dir), checkpoint_name(step), fname,
-                                      storage.safetensors_chunks(data) if isinstance(data, dict) else data)
-            for fname, data in files.items()}
+    No manifest and no ``latest``: it is not a checkpoint until ``complete_checkpoint``. Each
+    file is tried again while the object store is unreachable (``storage.retried``)."""
+    def write(fname: str, data):
+        return storage.write_file(root(run_dir), checkpoint_name(step), fname,
+                                  storage.safetensors_chunks(data) if isinstance(data, dict) else data)
+
+    return {fname: storage.retried(lambda: write(fname, data), f"checkpoint {step} {fname}") for fname, data in files.items()}
 
 
 def complete_checkpoint(run_dir: str, step: int, written: dict[str, str], keep: int) -> str:
     """Once every file of every rank is written (``written``: file name -> checksum), the
     manifest over them, then ``latest``; checkpoints older than the ``keep`` newest are deleted
     in the background. Returns the checkpoint's URI."""
-    return storage.write_versioned(root(run_dir), checkpoint_name(step), {}, keep, meta={"step": step}, written=written,
-                                   prune_in_background=True)  # the next step need not wait for deletions
+    return storage.retried(lambda: storage.write_versioned(root(run_dir), checkpoint_name(step), {}, keep, meta={"step": step},
+                                                           written=written, prune_in_background=True),  # no wait for deletions
+                           f"checkpoint {step}")
 
 
 def write_checkpoint(run_dir: str, step: int, weights: dict, optimizer, state: dict, base_model_dir: Path, keep: int) -> str:

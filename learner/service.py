@@ -89,6 +89,7 @@ MEMORY_FIX = "train a LoRA adapter (learner.lora_rank), or shard the learner ove
 class Learner(Service):
     name = role = "learner"
     reads, writes = (BATCHES, ROLLOUTS), (POLICY,)  # rollouts: claim-check batches are fetched from it
+    retries_storage = False  # a step is not repeated after it trained: its writes wait out the object store (storage.retried)
 
     def __init__(self, cfg, transport, metrics=None, batches_from: str | None = None):
         """``batches_from``: train from a file of TrainBatch records (path or fsspec URI) instead

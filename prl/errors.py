@@ -24,7 +24,7 @@ def object_store_errors() -> tuple[type, ...]:
 
 
 HINTS = {  # exception class name -> what to change, after the library's own message
-    "EndpointConnectionError": "for an S3-compatible store set AWS_ENDPOINT_URL",
+    "EndpointConnectionError": "check that the store is up and reachable, and AWS_ENDPOINT_URL for an S3-compatible one",
     "NoCredentialsError": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or another source of the AWS chain)",
 }
 

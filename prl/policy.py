@@ -165,10 +165,11 @@ class PolicyWriter:
         meta |= {"kind": kind, "base": version - 1 if kind == "delta" else version}
         files["version.json"] = json.dumps(meta).encode()
         size = sum(len(b) if isinstance(b, bytes) else sum(memoryview(c).nbytes for c in b) for b in files.values())
-        uri = storage.write_versioned(self.root, version_name(version), files, keep=1 << 30, meta={"version": version})
+        uri = storage.retried(lambda: storage.write_versioned(self.root, version_name(version), files, keep=1 << 30,
+                                                              meta={"version": version}), f"policy version {version}")
         self.previous = (version, bits)
         self.kinds[version_name(version)] = kind
-        self.prune()
+        storage.retried(self.prune, "policy pruning")
         return Published(uri, kind, meta["checksum"], size, time.perf_counter() - t0)
 
     def encode(self, version: int, bits: np.ndarray, spec: list) -> tuple[str, dict]:

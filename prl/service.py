@@ -19,10 +19,12 @@ import structlog
 
 from prl import epochs
 from prl.deadletter import dead_letter
+from prl.errors import one_line
 from prl.metrics import MetricsSink
 from prl.transport import Message, Transport, TransportError
 from prl.trust import SIGNATURE_HEADER, KeyMissing, Signer
 from prl.schemas import DecodeError, decode, encode, headers, topic_name
+from prl.storage import unreachable
 
 
 # Longest wait between two tries of a step that failed on the transport. Short: after a network
@@ -47,33 +49,40 @@ class ServiceStopped(RuntimeError):
     Commands print it as one line and exit non-zero."""
 
 
-class Outage:
-    """A run of steps that failed on the transport: each failure is logged with the wait before
-    the next try (doubling, at most MAX_BACKOFF_S); past STALL_S it is said once as
-    ``transport_stalled``; the first step that succeeds logs how long it lasted."""
+OUTAGE_FIXES = {  # what a person checks when steps fail on it for STALL_S
+    "transport": "check the brokers and transport.kafka.bootstrap_servers",
+    "storage": "check that the object store of run.run_dir is up and reachable from here (AWS_ENDPOINT_URL for S3)",
+}
 
-    def __init__(self, service: "Service"):
-        self.service, self.since, self.backoff, self.said = service, None, MIN_BACKOFF_S, False
+
+class Outage:
+    """A run of steps that failed on the ``what`` ("transport": the brokers; "storage": the
+    object store): each failure is logged with the wait before the next try (doubling, at most
+    MAX_BACKOFF_S); past STALL_S it is said once as ``<what>_stalled``; the first step that
+    succeeds logs how long it lasted."""
+
+    def __init__(self, service: "Service", what: str = "transport"):
+        self.service, self.what, self.since, self.backoff, self.said = service, what, None, MIN_BACKOFF_S, False
 
     def failed(self, exc: Exception) -> float:
         """Count and log a failed step; the seconds to wait before the next."""
         svc, now = self.service, time.monotonic()
-        svc.count("transport_errors")
+        svc.count(f"{self.what}_errors")
         self.since = self.since or now
         if not self.said and now - self.since >= STALL_S:
             self.said = True
-            svc.log.error("transport_stalled", seconds=round(now - self.since), error=str(exc)[:300],
-                          fix="check the brokers and transport.kafka.bootstrap_servers; /health answers 503 until a step succeeds")
+            svc.log.error(f"{self.what}_stalled", seconds=round(now - self.since), error=one_line(exc)[:300],
+                          fix=f"{OUTAGE_FIXES[self.what]}; /health answers 503 until a step succeeds")
         else:
-            svc.log.warning("transport_error", error=str(exc)[:300], retry_in_s=self.backoff)
+            svc.log.warning(f"{self.what}_error", error=one_line(exc)[:300], retry_in_s=self.backoff)
         wait, self.backoff = self.backoff, min(self.backoff * 2, MAX_BACKOFF_S)
         return wait
 
     def over(self) -> None:
         """A step succeeded: log the outage's length, if there was one, and start afresh."""
         if self.since is not None:
-            self.service.log.info("transport_recovered", seconds=round(time.monotonic() - self.since, 1))
-            self.service.count("transport_recoveries")
+            self.service.log.info(f"{self.what}_recovered", seconds=round(time.monotonic() - self.since, 1))
+            self.service.count(f"{self.what}_recoveries")
         self.since, self.backoff, self.said = None, MIN_BACKOFF_S, False
 
 
@@ -136,6 +145,7 @@ class Service:
     answers_http = True  # serves run's /health and /metrics (under torchrun, the learner's rank 0 alone)
     role = ""  # "scheduler" or "learner": one per run, the newest claim's epoch fencing the others (prl/epochs.py)
     epoch = 0  # the epoch this one claimed (0: none: not a role, or a learner's rank other than 0)
+    retries_storage = True  # a step that found the object store unreachable is tried again (the learner's writes retry themselves)
 
     def __init__(self, cfg, transport: Transport, metrics: MetricsSink | None = None):
         self.cfg = cfg
@@ -156,6 +166,7 @@ class Service:
         self.slowest_step_s = 0.0  # of the steps that succeeded
         self.hung_step_said: float | None = None  # the start of the step whose hang was logged
         self.outage = Outage(self)
+        self.storage_outage = Outage(self, "storage")
         self.idle = Idle(self)
         self.replaced_checked_at = time.monotonic()
 
@@ -302,11 +313,15 @@ class Service:
             self.step_started_at = started = time.monotonic()
             try:
                 done = self.step()
-            except TransportError as exc:
+            except Exception as exc:
+                outage = self.outage_of(exc)
+                if outage is None:
+                    raise
                 self.step_started_at = None
-                stop.wait(self.outage.failed(exc))
+                stop.wait(outage.failed(exc))
                 continue
             self.outage.over()
+            self.storage_outage.over()
             self.last_step_at, self.step_started_at = time.monotonic(), None
             self.idle.stepped(self.last_step_at)
             self.check_replaced_while_idle(self.last_step_at)
@@ -315,9 +330,27 @@ class Service:
                 return True
         return False
 
+    def outage_of(self, exc: Exception) -> Outage | None:
+        """The outage a failed step belongs to, if its error is a passing fault: the transport's,
+        or the object store's for a service whose steps can be repeated after one."""
+        if isinstance(exc, TransportError):
+            return self.outage
+        if self.retries_storage and unreachable(exc):
+            return self.storage_outage
+        return None
+
     def stop_if_replaced(self) -> None:
         """ServiceStopped once a newer one of this role has claimed the run: this one writes nothing more."""
-        if self.epoch and (newer := epochs.fenced(self.cfg.run.run_dir, self.role, self.epoch)):
+        if not self.epoch:
+            return
+        try:
+            newer = epochs.fenced(self.cfg.run.run_dir, self.role, self.epoch)
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            self.log.warning("replacement_unchecked", error=one_line(exc)[:300], why="the object store is unreachable; looked for again before the next write")
+            return
+        if newer:
             raise ServiceStopped(f"another {self.role} took over this run ({newer}): this one stops without writing "
                                  f"(one {self.role} per run: check that {ONE_PER_RUN[self.role]}, and that no second "
                                  "`prl run` uses its directory)")
@@ -330,7 +363,8 @@ class Service:
     def health(self) -> dict:
         """/health's answer (prl/status.py): its status (``health_status``) and the seconds since the last step."""
         now = time.monotonic()
-        status = health_status(now, self.ended, self.outage.since, self.step_started_at, self.slowest_step_s)
+        outage_since = min((o.since for o in (self.outage, self.storage_outage) if o.since is not None), default=None)
+        status = health_status(now, self.ended, outage_since, self.step_started_at, self.slowest_step_s)
         if status == "hung" and self.hung_step_said != self.step_started_at:
             self.hung_step_said = self.step_started_at
             self.log.error("step_hung", seconds=round(now - self.step_started_at), stacks="on stderr, below")

@@ -22,7 +22,8 @@ import json
 import os
 import re
 import struct
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import crc32c
@@ -41,6 +42,51 @@ CHECKPOINT_STATE = "state.json"
 
 class StorageError(RuntimeError):
     pass
+
+
+# Exception classes (or their bases) that say object storage could not be reached: a refused,
+# reset or timed-out connection, from the OS, aiohttp or botocore. A passing fault, unlike a
+# request refused (permissions, a missing bucket) or a full disk.
+UNREACHABLE = frozenset({"ConnectionError", "TimeoutError", "ClientConnectionError", "EndpointConnectionError",
+                         "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError"})
+# A write that finds object storage unreachable is tried again after a growing wait (doubling to
+# the longest) for this long, then fails: a service does not lose work to a storage restart.
+RETRY_WAITS_S, RETRY_FOR_S = (0.5, 5.0), 600.0
+
+
+def unreachable(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error that led to it, says object storage could not be reached."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any(c.__name__ in UNREACHABLE for c in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def retried(write: Callable, what: str):
+    """``write()``, tried again while object storage is unreachable (each failure logged as
+    ``storage_error`` with the wait, the first success after as ``storage_recovered``), for at
+    most RETRY_FOR_S; then, and at once for any other error, the error is raised. For writes
+    that may be repeated: every write here is whole or not at all."""
+    wait, longest = RETRY_WAITS_S
+    since = None
+    while True:
+        try:
+            result = write()
+        except Exception as exc:
+            now = time.monotonic()
+            since = since or now
+            if not unreachable(exc) or now - since >= RETRY_FOR_S:
+                raise
+            log.warning("storage_error", what=what, error=one_line(exc)[:300], retry_in_s=wait)
+            time.sleep(wait)
+            wait = min(2 * wait, longest)
+            continue
+        if since is not None:
+            log.info("storage_recovered", what=what, seconds=round(time.monotonic() - since, 1))
+        return result
 
 
 def check_writable(uri: str, what: str = "run.run_dir") -> None:
@@ -207,13 +253,16 @@ def candidates(root: str, prefix: str) -> list[str]:
 def first_readable(uris: list[str], read, what: str, fatal: tuple = ()):
     """``(uri, read(uri))`` for the first of ``uris`` that reads without error (checksums
     verify, files parse); each one skipped is logged in one line naming it. None if none reads.
-    An error of a ``fatal`` kind is raised at once (one no older version would mend)."""
+    An error of a ``fatal`` kind, or storage that cannot be reached, is raised at once (no
+    older version would mend it)."""
     for uri in uris:
         try:
             return uri, read(uri)
         except fatal:
             raise
         except Exception as exc:  # a torn, tampered or unparsable version: fall back to an older one
+            if unreachable(exc):  # not the version's fault: resuming from an older one would lose work
+                raise
             log.warning(f"{what}_unusable", uri=uri, error=f"{type(exc).__name__}: {str(exc)[:200]}")
     return None
 

@@ -44,6 +44,7 @@ from prl.rewards import RewardRunner, load_reward
 from prl.models import base_weight_shapes, resolve_model_dir
 from prl.policy import PolicyReader, VersionRejected, newest_version, version_whole
 from prl.service import Service, TooBig
+from prl.storage import unreachable
 from prl.transport import TransportError
 from prl.trust import version_problem
 from prl.evaluation import greedy_rewards
@@ -279,6 +280,8 @@ class Producer(Service):
             self.load(record.kind, tensors, record.version)
             self.serving = (record.kind, tensors)
         except Exception as exc:
+            if unreachable(exc):  # not the version's fault: the step is tried again, and a newer version is loaded
+                raise
             if self.superseded(record):
                 self.count("superseded_versions_skipped")  # the learner keeps the last chains only
                 self.log.info("version_superseded", policy_version=record.version, uri=record.uri)

@@ -48,12 +48,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import structlog
 
 from prl.episodes import model_turns
-from prl.storage import StorageError, replace_file
+from prl.errors import one_line
+from prl.storage import StorageError, replace_file, unreachable
 from prl.schemas import RolloutGroup
 from prl.schemas.records import to_table
 
+log = structlog.get_logger("scheduler.archive")
 EXTRA = [("accepted_at", pa.float64()), ("learner_version", pa.int64())]
 ARCHIVE_SCHEMA = pa.schema([f for f in RolloutGroup.SCHEMA if f.name != "policy_version"] + [pa.field(*e) for e in EXTRA])
 # Token-level columns are written without a dictionary: one of a 50k vocabulary's ids or of
@@ -89,12 +92,21 @@ class RolloutArchive:
         self.flushed_at = time.monotonic()
 
     def add(self, group: RolloutGroup, learner_version: int) -> None:
+        """Keep ``group`` for the archive; write what is pending when a file is full or
+        ``flush_every_s`` has passed. With the object store unreachable, that write waits for
+        the next ``flush`` (the scheduler's snapshot, which must succeed before its offsets are
+        committed): accepting a result never fails on storage."""
         rows = self.pending.setdefault(group.policy_version, [])
         rows.append((group, time.time(), learner_version))
-        if len(rows) >= self.max_rows:
-            self.write(group.policy_version)
-        elif time.monotonic() - self.flushed_at >= self.flush_every_s:
-            self.flush()
+        full, due = len(rows) >= self.max_rows, time.monotonic() - self.flushed_at >= self.flush_every_s
+        if full or due:
+            try:
+                self.write(group.policy_version) if full else self.flush()
+            except Exception as exc:
+                if not unreachable(exc):
+                    raise
+                self.flushed_at = time.monotonic()
+                log.warning("archive_write_deferred", error=one_line(exc)[:300], pending_groups=sum(map(len, self.pending.values())))
 
     def flush(self) -> None:
         for version in list(self.pending):
@@ -102,7 +114,8 @@ class RolloutArchive:
         self.flushed_at = time.monotonic()
 
     def write(self, version: int) -> None:
-        rows = self.pending.pop(version, [])
+        """Write ``version``'s pending rows as one file; they stay pending until it is written."""
+        rows = self.pending.get(version, [])
         if not rows:
             return
         table = to_table([g for g, _, _ in rows], RolloutGroup).drop_columns(["policy_version"])
@@ -116,6 +129,7 @@ class RolloutArchive:
         pq.write_table(table, buf, compression="zstd", use_dictionary=DICTIONARY_COLUMNS)
         replace_file(fs, fpath, buf.getvalue().to_pybytes())  # a killed scheduler leaves no torn file
         self.files_written += 1
+        del self.pending[version]
 
     def close(self) -> None:
         self.flush()

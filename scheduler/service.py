@@ -36,9 +36,9 @@ import numpy as np
 
 from prl import epochs
 from prl.ending import declare_finished
+from prl.errors import one_line
 from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
-from prl.transport import TransportError
 from prl.trust import version_problem
 from prl.tasks import group_indices, heldout_problems, train_problems
 from prl.formulas import annealed_beta, group_outcome, has_signal
@@ -120,11 +120,10 @@ class Scheduler(Service):
         self.retired_reasons: dict[str, str] = {}  # error kind -> its latest message
         self.fresh: list[RolloutGroup] = []
         self.unpublished: TrainBatch | None = None  # composed and snapshotted, not yet sent
+        self.unpublished_stored = True  # the newest snapshot holds it (one that failed is written again before it is sent)
         self.replay = ReplayBuffer(seed=cfg.run.seed) if cfg.scheduler.replay.ratio > 0 else None
         self.logs = Logs.at(cfg.run.run_dir)  # what snapshots hold on storage as segments, each record written once
-        self.learner_version = 0
-        self.learner_last_seq = -1
-        self.next_seq = 0
+        self.learner_version, self.learner_last_seq, self.next_seq = 0, -1, 0
         self.rollouts_generated = 0
         self.generate_seconds = 0.0  # producers' engine time for the accepted groups
         self.groups_returned = 0
@@ -338,7 +337,10 @@ class Scheduler(Service):
 
     def publish_batches(self) -> None:
         cfg = self.cfg.scheduler
-        if self.unpublished is not None:  # snapshotted, then the step failed before it was sent
+        if self.unpublished is not None:  # composed, then the step failed before it was sent
+            if not self.unpublished_stored:  # its snapshot failed (the object store away): it goes first
+                with self.timed("snapshot"):
+                    self.snapshot(pending=self.unpublished)
             self.publish_batch(self.unpublished)
         while len(self.fresh) >= cfg.groups_per_batch and self.batches_ahead() < cfg.max_batches_ahead:
             groups, rest = self.fresh[: cfg.groups_per_batch], self.fresh[cfg.groups_per_batch :]
@@ -349,7 +351,7 @@ class Scheduler(Service):
             if batch is None:
                 continue
             self.next_seq += 1
-            self.unpublished = batch
+            self.unpublished, self.unpublished_stored = batch, False
             with self.timed("snapshot"):
                 self.snapshot(pending=batch)  # on storage before it is on the topic
             self.publish_batch(batch)
@@ -519,6 +521,7 @@ class Scheduler(Service):
         self.stop_if_replaced()
         replay = self.replay.state_dict()[1] if self.replay else []
         uri = write_snapshot(self.cfg.run.run_dir, self.next_seq, self.state_dict(), self.fresh, replay, pending, self.logs)
+        self.unpublished_stored = pending is self.unpublished
         self.archive.flush()  # what the committed offsets cover is archived, too
         self.deliver(self.rollouts)  # the dead letters they explain are on their topic first
         self.log.info("snapshot_written", uri=uri, seq=self.next_seq, in_flight=len(self.in_flight))
@@ -526,12 +529,15 @@ class Scheduler(Service):
     def stopped(self) -> None:
         """Snapshot what was dispatched and accepted since the last batch's snapshot (a batch a
         failed step did not send stays pending). With the broker away the flush fails first and
-        nothing is written: the next scheduler starts from the snapshot before, as after a kill."""
+        nothing is written (so with the object store away): the next scheduler starts from the
+        snapshot before, as after a kill."""
         try:
             self.flush()
             self.snapshot(pending=self.unpublished)
-        except TransportError as exc:
-            self.log.warning("no_snapshot_at_stop", error=str(exc)[:300],
+        except Exception as exc:
+            if self.outage_of(exc) is None:
+                raise
+            self.log.warning("no_snapshot_at_stop", error=one_line(exc)[:300],
                              why="the next scheduler starts from the snapshot before and dispatches again")
 
     def restore(self, new_broker: bool = False) -> None:

@@ -432,3 +432,34 @@ def test_a_continued_prl_run_whose_learner_was_killed_between_checkpoints_goes_o
     assert not second.counters.get("dead_lettered/future_rollout") and second.last_seq == 3
     assert [r.version for r in records(broker, topic_name(first.cfg.run.name, POLICY), PolicyVersion)] == [2, 3, 4]  # its own, the newest in storage, its next
     second.close()
+
+
+def test_a_batch_whose_snapshot_the_store_refused_is_snapshotted_before_it_is_sent(pipeline, monkeypatch):
+    """The object store away at the snapshot before a batch: the step fails with nothing sent,
+    and the retried step writes the snapshot first (a batch is on storage before it is on the
+    topic: a restarted scheduler sends it again, the same), then sends it, once, in order."""
+    import prl.scheduler.service as scheduler_module
+
+    cfg, broker, scheduler, producer = pipeline
+    batches = topic_name(cfg.run.name, BATCHES)
+    real, failures, written = scheduler_module.write_snapshot, [2], []
+
+    def write_snapshot(run_dir, seq, state, fresh, replay, pending=None, logs=None):
+        if failures[0]:
+            failures[0] -= 1
+            raise ConnectionRefusedError(111, "Connect call failed")
+        written.append((pending.seq if pending is not None else None, len(records(broker, batches, TrainBatch))))
+        return real(run_dir, seq, state, fresh, replay, pending, logs)
+
+    monkeypatch.setattr(scheduler_module, "write_snapshot", write_snapshot)
+    scheduler.step()
+    producer.step()
+    for _ in range(2):
+        with pytest.raises(ConnectionRefusedError):
+            scheduler.step()
+        assert scheduler.outage_of(ConnectionRefusedError()) is scheduler.storage_outage
+        assert not records(broker, batches, TrainBatch)
+    scheduler.step()
+    assert written[0] == (0, 0)  # batch 0's snapshot written while the topic held no batch
+    assert [b.seq for b in records(broker, batches, TrainBatch)] == [0, 1]
+    assert [seq for seq, _ in written] == [0, 1]  # and batch 1's before it was sent

@@ -309,3 +309,33 @@ def network_fault_run(tmp_path: Path, run_name: str, fault_s: float, max_steps: 
         cluster.stop_all()
         proxy.stop()
         broker.stop()
+
+
+def storage_fault_run(tmp_path: Path, s3_port: int, run_name: str, fault_s: float, max_steps: int) -> dict:
+    """The four services with their object store (checkpoints, versions, snapshots, archive)
+    reached only through a FaultyProxy; once the learner has stepped twice, every connection
+    there is reset and new ones refused for ``fault_s``, services never killed; then the run
+    must finish by itself.
+    Returns the invariants' figures and the storage errors each service logged. Sets
+    AWS_ENDPOINT_URL to the proxy for the services (the caller's S3 environment otherwise)."""
+    import os
+
+    from tests.support.proxy import FaultyProxy, port_outside_ephemeral_range
+
+    proxy_port = port_outside_ephemeral_range()
+    proxy = FaultyProxy(proxy_port, s3_port)
+    os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy_port}"
+    broker = KafkaBroker(storage="memory://tansu/", log_path=tmp_path / "broker.log")
+    cluster = Cluster(tmp_path, broker, run_name, max_steps=max_steps)
+    try:
+        cluster.start_all()
+        cluster.wait_for_step(2)
+        proxy.reset_all()
+        proxy.refuse(fault_s)  # longer than s3fs's own retries of a request (about 10 s)
+        cluster.finish()
+        errors = {name: cluster.logged(name, '"storage_error"') for name in SERVICES}
+        return {**check_invariants(cluster), "storage_errors": errors, "refusals": proxy.refusals}
+    finally:
+        cluster.stop_all()
+        proxy.stop()
+        broker.stop()

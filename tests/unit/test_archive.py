@@ -208,3 +208,31 @@ def test_the_archive_streams_whole_groups_in_order_a_file_at_a_time(tmp_path, mo
     assert [g.dispatch_id for g in [first, *rest]] == [g.dispatch_id for g in expected]
     assert [g.rewards for g in [first, *rest]] == [g.rewards for g in expected]
     assert len(whole_reads) == len(set(whole_reads))  # no file read whole twice
+
+
+def test_a_write_the_store_refused_keeps_its_groups_for_the_next_flush(tmp_path, monkeypatch):
+    """Adding a group never fails on storage (the scheduler has taken the result out of flight
+    by then): a timed write the store refuses waits for the next flush, the snapshot's, which
+    writes every group once; a refused flush keeps them too."""
+    import prl.scheduler.archive as archive_module
+
+    real, refusing = archive_module.replace_file, [True]
+
+    def replace_file(fs, path, data):
+        if refusing[0]:
+            raise ConnectionRefusedError(111, "Connect call failed")
+        real(fs, path, data)
+
+    monkeypatch.setattr(archive_module, "replace_file", replace_file)
+    archive = RolloutArchive(str(tmp_path / "archive"), flush_every_s=0.0)  # every add is due
+    groups = make_groups(6)
+    for g in groups[:3]:
+        archive.add(g, learner_version=g.policy_version)
+    with pytest.raises(ConnectionRefusedError):
+        archive.flush()
+    refusing[0] = False
+    for g in groups[3:]:
+        archive.add(g, learner_version=g.policy_version)
+    archive.close()
+    assert sorted(read_archive(str(tmp_path / "archive"))["dispatch_id"].to_pylist()) == sorted(g.dispatch_id for g in groups)
+    assert not archive.pending
