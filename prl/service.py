@@ -145,7 +145,7 @@ class Service:
     answers_http = True  # serves run's /health and /metrics (under torchrun, the learner's rank 0 alone)
     role = ""  # "scheduler" or "learner": one per run, the newest claim's epoch fencing the others (prl/epochs.py)
     epoch = 0  # the epoch this one claimed (0: none: not a role, or a learner's rank other than 0)
-    retries_storage = True  # a step that found the object store unreachable is tried again (the learner's writes retry themselves)
+    retries_storage = True  # a step that found the object store unreachable is tried again (not the learner's)
 
     def __init__(self, cfg, transport: Transport, metrics: MetricsSink | None = None):
         self.cfg = cfg
@@ -348,7 +348,8 @@ class Service:
         except Exception as exc:
             if not unreachable(exc):
                 raise
-            self.log.warning("replacement_unchecked", error=one_line(exc)[:300], why="the object store is unreachable; looked for again before the next write")
+            self.log.warning("replacement_unchecked", error=one_line(exc)[:300],
+                             why="the object store is unreachable; looked for again before the next write")
             return
         if newer:
             raise ServiceStopped(f"another {self.role} took over this run ({newer}): this one stops without writing "

@@ -46,8 +46,9 @@ class StorageError(RuntimeError):
 
 # Exception classes (or their bases) that say object storage could not be reached: a refused,
 # reset or timed-out connection, from the OS, aiohttp or botocore. A passing fault, unlike a
-# request refused (permissions, a missing bucket) or a full disk.
-UNREACHABLE = frozenset({"ConnectionError", "TimeoutError", "ClientConnectionError", "EndpointConnectionError",
+# request refused (permissions, a missing bucket) or a full disk. A bare TimeoutError is not one:
+# an engine or a thread pool raises it too, and a store's timeouts come as aiohttp's or botocore's.
+UNREACHABLE = frozenset({"ConnectionError", "ClientConnectionError", "EndpointConnectionError",
                          "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError"})
 # A write that finds object storage unreachable is tried again after a growing wait (doubling to
 # the longest) for this long, then fails: a service does not lose work to a storage restart.

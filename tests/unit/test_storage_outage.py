@@ -6,7 +6,7 @@ bucket or a full disk are not passing and fail at once."""
 import errno
 
 import pytest
-from botocore.exceptions import EndpointConnectionError
+from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 from structlog.testing import capture_logs
 
 from prl import service, storage
@@ -26,10 +26,10 @@ def endpoint_error() -> Exception:
 
 
 @pytest.mark.parametrize("exc, passing", [
-    (endpoint_error(), True), (ConnectionResetError(), True), (TimeoutError(), True),
-    (RuntimeError("wrapped"), False), (PermissionError("AccessDenied"), False),
+    (endpoint_error(), True), (ConnectionResetError(), True), (ReadTimeoutError(endpoint_url="http://s3"), True),
+    (TimeoutError(), False), (RuntimeError("wrapped"), False), (PermissionError("AccessDenied"), False),
     (FileNotFoundError("NoSuchBucket"), False), (OSError(errno.ENOSPC, "No space left on device"), False),
-], ids=["endpoint", "reset", "timeout", "other", "denied", "no bucket", "disk full"])
+], ids=["endpoint", "reset", "read timeout", "bare timeout", "other", "denied", "no bucket", "disk full"])
 def test_only_a_connection_that_failed_is_unreachable(exc, passing):
     assert storage.unreachable(exc) is passing
     try:
