@@ -98,10 +98,13 @@ class RolloutArchive:
         committed): accepting a result never fails on storage."""
         rows = self.pending.setdefault(group.policy_version, [])
         rows.append((group, time.time(), learner_version))
-        full, due = len(rows) >= self.max_rows, time.monotonic() - self.flushed_at >= self.flush_every_s
-        if full or due:
+        full = len(rows) >= self.max_rows
+        if full or time.monotonic() - self.flushed_at >= self.flush_every_s:
             try:
-                self.write(group.policy_version) if full else self.flush()
+                if full:
+                    self.write(group.policy_version)
+                else:
+                    self.flush()
             except Exception as exc:
                 if not unreachable(exc):
                     raise
