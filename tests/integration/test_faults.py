@@ -134,6 +134,7 @@ def test_the_pipeline_rides_out_30_s_without_its_object_store(s3, tmp_path, run_
     retries stopped (the scheduler exited 2: "Could not connect to the endpoint URL")."""
     fsspec.filesystem("s3").clear_instance_cache()
     run = storage_fault_run(tmp_path, int(s3.endpoint.rsplit(":", 1)[1]), run_name, fault_s=30, max_steps=30)
+    assert run["recovery_s"] is not None and run["recovery_s"] <= 30, run
     assert sum(run["storage_errors"].values()) > 0, f"no service met the outage: nothing shown {run}"
     print(f"\nobject store faults: {run}")
 

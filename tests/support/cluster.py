@@ -311,13 +311,14 @@ def network_fault_run(tmp_path: Path, run_name: str, fault_s: float, max_steps: 
         broker.stop()
 
 
-def storage_fault_run(tmp_path: Path, s3_port: int, run_name: str, fault_s: float, max_steps: int) -> dict:
+def storage_fault_run(tmp_path: Path, s3_port: int, run_name: str, fault_s: float, max_steps: int,
+                      recovery_timeout_s: float = 120.0) -> dict:
     """The four services with their object store (checkpoints, versions, snapshots, archive)
     reached only through a FaultyProxy; once the learner has stepped twice, every connection
     there is reset and new ones refused for ``fault_s``, services never killed; then the run
-    must finish by itself.
-    Returns the invariants' figures and the storage errors each service logged. Sets
-    AWS_ENDPOINT_URL to the proxy for the services (the caller's S3 environment otherwise)."""
+    must finish by itself. Returns the invariants' figures, the storage errors each service
+    logged and ``recovery_s`` as network_fault_run does. Sets AWS_ENDPOINT_URL to the proxy for
+    the services (the caller's S3 environment otherwise)."""
     import os
 
     from tests.support.proxy import FaultyProxy, port_outside_ephemeral_range
@@ -332,9 +333,16 @@ def storage_fault_run(tmp_path: Path, s3_port: int, run_name: str, fault_s: floa
         cluster.wait_for_step(2)
         proxy.reset_all()
         proxy.refuse(fault_s)  # longer than s3fs's own retries of a request (about 10 s)
+        healed, step_at_heal = time.monotonic(), cluster.step()
+        run = {"recovery_s": None, "step_at_heal": step_at_heal, "measured": step_at_heal < max_steps}
+        try:
+            cluster.wait_for_step(min(step_at_heal + 1, max_steps), timeout_s=recovery_timeout_s)
+        except TimeoutError:
+            return run
+        run["recovery_s"] = round(time.monotonic() - healed, 1) if run["measured"] else None
         cluster.finish()
         errors = {name: cluster.logged(name, '"storage_error"') for name in SERVICES}
-        return {**check_invariants(cluster), "storage_errors": errors, "refusals": proxy.refusals}
+        return {**run, **check_invariants(cluster), "storage_errors": errors}
     finally:
         cluster.stop_all()
         proxy.stop()
