@@ -102,6 +102,7 @@ class Producer(Service):
         self.rebuilt: tuple[int, tuple[str, dict]] | None = None  # the last version rebuilt for an evaluation
         self.end_checked_at = float("-inf")  # when finished.json was last looked for
         self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
+        self.unloaded: list[tuple] = []  # (message, announcement) read, not yet tried (the object store was away)
         self.maybe_reload(wait_s=CATCH_UP_S)  # the newest policy before the first generation
         self.dispatches = transport.subscriber([self.topic(PROBLEMS)], group=f"{cfg.run.name}.producers")
 
@@ -241,18 +242,23 @@ class Producer(Service):
         is (up to ``wait_s`` to reach the end of the topic), then try them newest first; the
         first that passes every check is loaded, so a superseded version is never loaded
         after a newer one. Announcements that fail a check are dead-lettered."""
-        announced = []
         deadline = time.monotonic() + wait_s
         while True:
             msgs = self.policy.poll(0.0 if not wait_s else 0.2)
             records = [(m, r) for m, r in ((m, self.decode_or_dead_letter(m, PolicyVersion)) for m in msgs)
                        if r is not None and r.uri]
             self.remember(r for _, r in records)
-            announced += [(m, r) for m, r in records if r.version > self.backend.version]
+            self.unloaded += [(m, r) for m, r in records if r.version > self.backend.version]
             if not msgs and (self.policy.caught_up() or time.monotonic() >= deadline):
                 break
-        for msg, record in sorted(announced, key=lambda mr: mr[1].version, reverse=True):
-            if self.try_load(msg, record):
+        announced, self.unloaded = sorted(self.unloaded, key=lambda mr: mr[1].version, reverse=True), []
+        for i, (msg, record) in enumerate(announced):
+            try:
+                loaded = self.try_load(msg, record)
+            except Exception:
+                self.unloaded = announced[i:]  # the object store away: tried again by the next step
+                raise
+            if loaded:
                 return
 
     def remember(self, records) -> None:

@@ -138,7 +138,7 @@ class Scheduler(Service):
         if self.evaluator.due(self.learner_version):
             self.evaluator.start(self.learner_version, self.rollouts_generated)  # the policy the run starts from
         self.rollouts = transport.subscriber([self.topic(ROLLOUTS)], group=f"{cfg.run.name}.scheduler")
-        self.policy = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True)
+        self.policy, self.policy_unread = transport.subscriber([self.topic(POLICY)], group=None, from_beginning=True), deque()
 
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> bool:
@@ -188,23 +188,31 @@ class Scheduler(Service):
         self.finish_asked = True
 
     def read_policy(self) -> None:
-        """Follow the learner's announcements (older ones, replayed from the topic's start,
-        are passed over); one the learner cannot have made is dead-lettered."""
-        for msg in self.policy.poll(0.0):
-            record = self.decode_or_dead_letter(msg, PolicyVersion)
-            if record is None or record.version < self.learner_version:
-                continue
-            if problem := self.implausible(record):
-                self.reject(msg, "implausible_policy", problem)
-                continue
-            if problem := epochs.fenced(self.cfg.run.run_dir, "learner", record.epoch):
-                self.reject(msg, "fenced_epoch", problem)
-                continue
-            self.learner_version = record.version
-            self.learner_last_seq = max(self.learner_last_seq, record.last_batch_seq)
-            if self.evaluator.due(record.version):
-                self.evaluator.start(record.version, self.rollouts_generated)
+        """Follow the learner's announcements in order. One whose check fails on the object
+        store stays first in line for the retried step: skipped, the scheduler would wait for
+        a learner that waits for it."""
+        self.policy_unread.extend(self.policy.poll(0.0))
+        while self.policy_unread:
+            self.follow(self.policy_unread[0])
+            self.policy_unread.popleft()
         self.sampler.on_version(self.learner_version)
+
+    def follow(self, msg) -> None:
+        """One announcement (older ones, replayed from the topic's start, are passed over); one
+        the learner cannot have made is dead-lettered."""
+        record = self.decode_or_dead_letter(msg, PolicyVersion)
+        if record is None or record.version < self.learner_version:
+            return
+        if problem := self.implausible(record):
+            self.reject(msg, "implausible_policy", problem)
+            return
+        if problem := epochs.fenced(self.cfg.run.run_dir, "learner", record.epoch):
+            self.reject(msg, "fenced_epoch", problem)
+            return
+        self.learner_version = record.version
+        self.learner_last_seq = max(self.learner_last_seq, record.last_batch_seq)
+        if self.evaluator.due(record.version):
+            self.evaluator.start(record.version, self.rollouts_generated)
 
     def implausible(self, record: PolicyVersion) -> str | None:
         """Why ``record`` cannot come from this run's learner: it trained a batch not yet

@@ -463,3 +463,29 @@ def test_a_batch_whose_snapshot_the_store_refused_is_snapshotted_before_it_is_se
     assert written[0] == (0, 0)  # batch 0's snapshot written while the topic held no batch
     assert [b.seq for b in records(broker, batches, TrainBatch)] == [0, 1]
     assert [seq for seq, _ in written] == [0, 1]  # and batch 1's before it was sent
+
+
+def test_an_announcement_whose_check_met_the_store_away_is_followed_by_the_retried_step(pipeline, monkeypatch):
+    """Checking an announcement reads the run's epochs on the object store. With the store away
+    the step fails; the announcement, already polled, is followed by the retried step (before,
+    it was lost: the scheduler waited for the learner, the learner for its next batch)."""
+    from prl.schemas.topics import POLICY
+
+    cfg, broker, scheduler, producer = pipeline
+    followed, failures = [], [1]
+
+    def follow(msg):
+        if failures[0]:
+            failures[0] -= 1
+            raise ConnectionRefusedError(111, "Connect call failed")
+        followed.append(msg.value)
+
+    monkeypatch.setattr(scheduler, "follow", follow)
+    publisher = MemoryTransport(broker).publisher()
+    for value in (b"first", b"second"):
+        publisher.publish(topic_name(cfg.run.name, POLICY), value)
+    publisher.flush()
+    with pytest.raises(ConnectionRefusedError):
+        scheduler.read_policy()
+    scheduler.read_policy()
+    assert followed == [b"first", b"second"]
