@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     stalls = sum(r["recovery_s"] is None and r["measured"] and not r["broken"] for r in runs)
     broken = sum(bool(r["broken"]) for r in runs)
     summary = {"runs": len(runs), "measured": sum(r["measured"] for r in runs), "stalls": stalls, "broken": broken,
-               "recovery_median_s": statistics.median(recovered) if recovered else None,
+               "recovery_median_s": round(statistics.median(recovered), 1) if recovered else None,
                "recovery_max_s": max(recovered) if recovered else None}
     print(f"prl:    {stalls} stalls, {broken} runs with a lost, repeated or skipped batch or rollout; recovery median "
           f"{summary['recovery_median_s']} s, max {summary['recovery_max_s']} s (goal: 0, 0, max <= 30 s)")
