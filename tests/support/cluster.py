@@ -277,6 +277,20 @@ def dead_letters(cluster: Cluster) -> list[DeadLetter]:
 
 
 
+def after_the_heal(cluster: Cluster, timeout_s: float, **figures) -> dict:
+    """Right after the faults end: ``recovery_s``, the seconds to the learner's next step (None:
+    no step within ``timeout_s``, a stall, or not ``measured``: the run had finished before the
+    heal), the step at the heal and ``figures``."""
+    healed, step_at_heal = time.monotonic(), cluster.step()
+    run = {"recovery_s": None, "step_at_heal": step_at_heal, **figures, "measured": step_at_heal < cluster.max_steps}
+    try:
+        cluster.wait_for_step(min(step_at_heal + 1, cluster.max_steps), timeout_s=timeout_s)
+    except TimeoutError:
+        return run
+    run["recovery_s"] = round(time.monotonic() - healed, 1) if run["measured"] else None
+    return run
+
+
 def network_fault_run(tmp_path: Path, run_name: str, fault_s: float, max_steps: int, seed: int = 0,
                       recovery_timeout_s: float = 120.0) -> dict:
     """The four services over a broker reached only through a FaultyProxy; once the learner has
@@ -295,14 +309,9 @@ def network_fault_run(tmp_path: Path, run_name: str, fault_s: float, max_steps: 
         cluster.start_all()
         cluster.wait_for_step(2)
         proxy.faults(fault_s, seed=seed)
-        healed, step_at_heal = time.monotonic(), cluster.step()
-        run = {"recovery_s": None, "step_at_heal": step_at_heal, "resets": proxy.resets, "refusals": proxy.refusals,
-               "measured": step_at_heal < max_steps}  # not measured: the run had finished before the heal
-        try:
-            cluster.wait_for_step(min(step_at_heal + 1, max_steps), timeout_s=recovery_timeout_s)
-        except TimeoutError:
+        run = after_the_heal(cluster, recovery_timeout_s, resets=proxy.resets, refusals=proxy.refusals)
+        if run["measured"] and run["recovery_s"] is None:  # a stall
             return run
-        run["recovery_s"] = round(time.monotonic() - healed, 1) if run["measured"] else None
         cluster.finish()
         return {**run, **check_invariants(cluster)}
     finally:
@@ -333,13 +342,9 @@ def storage_fault_run(tmp_path: Path, s3_port: int, run_name: str, fault_s: floa
         cluster.wait_for_step(2)
         proxy.reset_all()
         proxy.refuse(fault_s)  # longer than s3fs's own retries of a request (about 10 s)
-        healed, step_at_heal = time.monotonic(), cluster.step()
-        run = {"recovery_s": None, "step_at_heal": step_at_heal, "measured": step_at_heal < max_steps}
-        try:
-            cluster.wait_for_step(min(step_at_heal + 1, max_steps), timeout_s=recovery_timeout_s)
-        except TimeoutError:
+        run = after_the_heal(cluster, recovery_timeout_s)
+        if run["measured"] and run["recovery_s"] is None:  # a stall
             return run
-        run["recovery_s"] = round(time.monotonic() - healed, 1) if run["measured"] else None
         cluster.finish()
         errors = {name: cluster.logged(name, '"storage_error"') for name in SERVICES}
         return {**run, **check_invariants(cluster), "storage_errors": errors}
