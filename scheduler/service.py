@@ -55,6 +55,7 @@ from prl.schemas.topics import BATCHES, POLICY, PROBLEMS, ROLLOUTS
 MAX_DISPATCH_ATTEMPTS = 4  # a problem whose dispatch timed out this many times in a row is retired, with the reason
 TRACKER_TABLE_EVERY = 50  # a table of sampled rollouts goes to the trackers every N batches
 BATCH_BYTES_PER_TOKEN = 10  # a TrainBatch's bytes per token (id, log-prob, framing): its token budget
+NO_SIGNAL_BATCHES = 10  # batches' worth of groups in a row without a reward signal before the scheduler warns
 
 
 def dispatch_timeout(base_s: float, attempt: int) -> float:
@@ -93,6 +94,40 @@ class InFlight:
     group_size: int  # completions asked for: a group of another size is not this dispatch's answer
 
 
+@dataclass
+class SignalWatch:
+    """Groups in a row whose rewards were all equal. None of them can be trained, so a reward
+    that never varies (a reward function that does not read the dataset's answers, problems
+    far too hard or too easy for the model) would stall a run without a word: ``observe`` says
+    when to warn, at ``first`` groups in a row and at each doubling after."""
+
+    first: int
+    in_a_row: int = 0
+    solved: int = 0  # of them, groups whose every completion reached the success threshold
+    warned_at: int = 0
+
+    def observe(self, signal: bool, solved: bool) -> bool:
+        """Count one group; True when this one is due a warning."""
+        if signal:
+            self.in_a_row = self.solved = self.warned_at = 0
+            return False
+        self.in_a_row += 1
+        self.solved += solved
+        if self.in_a_row < max(self.first, 2 * self.warned_at):
+            return False
+        self.warned_at = self.in_a_row
+        return True
+
+    def hint(self) -> str:
+        failed = self.in_a_row - self.solved
+        if failed >= 0.9 * self.in_a_row:
+            return ("every completion scored below task.success_threshold: check that producer.reward scores "
+                    "this dataset's answers (the example), or give the model easier problems")
+        if self.solved >= 0.9 * self.in_a_row:
+            return "every completion was solved: give the model harder problems"
+        return "the model solves each problem always or never: give it problems between the two"
+
+
 class Scheduler(Service):
     name = role = "scheduler"
     reads, writes = (ROLLOUTS, POLICY), (PROBLEMS, BATCHES)
@@ -128,6 +163,7 @@ class Scheduler(Service):
         self.generate_seconds = 0.0  # producers' engine time for the accepted groups
         self.groups_returned = 0
         self.groups_with_signal = 0
+        self.no_signal = SignalWatch(NO_SIGNAL_BATCHES * cfg.scheduler.groups_per_batch)
         self.started_at = time.time()
         self.archive = RolloutArchive(archive_root(cfg.run.run_dir))
         self.heldout = refuse_overlap(heldout_problems(cfg.task), self.index)
@@ -298,6 +334,8 @@ class Scheduler(Service):
         signal = has_signal(group.rewards)
         self.groups_returned += 1
         self.groups_with_signal += signal
+        if self.no_signal.observe(signal, min(group.rewards) >= self.cfg.task.success_threshold):
+            self.warn_no_signal(group, flight.problem)
         if not signal:
             self.count("zero_signal_rollouts", len(group.rollouts))
         if self.dynamic_sampling and not signal:
@@ -305,6 +343,14 @@ class Scheduler(Service):
         else:
             self.fresh.append(group)
         return flight.problem
+
+    def warn_no_signal(self, group: RolloutGroup, problem: int) -> None:
+        """One line on what the groups without a signal were, with the latest as an example."""
+        watch, first = self.no_signal, group.rollouts[0]
+        self.log.warning("no_signal", groups_in_a_row=watch.in_a_row, all_solved=watch.solved,
+                         all_failed=watch.in_a_row - watch.solved, example_problem=group.problem_id,
+                         example_answer=self.problems[problem].answer[:80], example_completion=first.text[:80],
+                         example_reward=first.reward, hint=watch.hint())
 
     def live_dispatch(self, dispatch_id: str) -> str:
         """The dispatch in flight for the problem ``dispatch_id`` asked for: itself, or the one

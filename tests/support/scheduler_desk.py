@@ -29,6 +29,12 @@ class Desk:
         self.cfg, self.transport = cfg, transport
         self.dispatches = transport.subscriber([topic_name(cfg.run.name, PROBLEMS)], group=None)
         self.publisher = transport.publisher()
+        self.unanswered: list[Dispatch] = []  # read by answer_next, not answered yet
+
+    def answer_next(self, rewards: list[float]) -> RolloutGroup:
+        """Answer the oldest dispatch not answered yet (reading the new ones)."""
+        self.unanswered += self.read()
+        return self.answer(self.unanswered.pop(0), rewards)
 
     def read(self) -> list[Dispatch]:
         return [decode(m.value, Dispatch) for m in self.dispatches.poll(0.0)]

@@ -80,3 +80,31 @@ def test_a_sampler_of_the_older_interface_still_observes_results(tmp_path):
         desk.answer(d, rewards)
     scheduler.step()
     assert sorted(s for _, s, _ in scheduler.sampler.seen) == [0, 0, 4, 8]
+
+
+def answer_all(scheduler, desk, rewards, groups: int) -> list:
+    """Answer ``groups`` dispatches with ``rewards``, in the order sent, stepping the scheduler
+    after each; the warnings it logged."""
+    import structlog
+
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(groups):
+            desk.answer_next(rewards)
+            scheduler.step()
+    return [e for e in logs if e["log_level"] == "warning"]
+
+
+def test_groups_without_a_signal_in_a_row_are_warned_of_with_an_example_and_a_hint(tmp_path):
+    """A reward that never varies trains nothing and raises nothing: after ten batches' worth of
+    groups in a row (4 per batch here) the scheduler says so, with an example, at each doubling."""
+    cfg, transport, scheduler, desk = started(tmp_path)
+    assert answer_all(scheduler, desk, [0.0] * 8, 39) == []
+    [warning] = answer_all(scheduler, desk, [0.0] * 8, 1)
+    assert warning["event"] == "no_signal" and (warning["groups_in_a_row"], warning["all_failed"]) == (40, 40)
+    problem = scheduler.problems[scheduler.index[warning["example_problem"]]]
+    assert warning["example_answer"] == problem.answer and "producer.reward" in warning["hint"]
+    assert [w["groups_in_a_row"] for w in answer_all(scheduler, desk, [0.0] * 8, 40)] == [80]
+    assert answer_all(scheduler, desk, [1.0] + [0.0] * 7, 1) == []  # a signal: the count starts again
+    assert answer_all(scheduler, desk, [1.0] * 8, 39) == []
+    [warning] = answer_all(scheduler, desk, [1.0] * 8, 1)
+    assert warning["all_solved"] == 40 and "harder problems" in warning["hint"]
