@@ -27,6 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from prl.errors import raised_at
+
 ENV_TIMEOUT_S = 10.0  # one reset or step call, at most
 Messages = list[dict]
 
@@ -237,7 +239,7 @@ class Guard:
         except EpisodeFault:
             raise
         except Exception as exc:
-            raise EpisodeFault("env_error", f"{type(exc).__name__}: {exc}") from None
+            raise EpisodeFault("env_error", f"{type(exc).__name__}: {exc} (at {raised_at(exc)})") from None
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

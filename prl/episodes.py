@@ -33,6 +33,7 @@ class Episode:
     reward: float = 0.0
     turns: int = 0
     finish: str = ""  # "" while it runs; "stop", "length", or the fault that ended it
+    fault: str = ""  # what that fault was
 
     def add(self, ids: list[int], logprobs: list[float], model: int) -> None:
         self.tokens += ids
@@ -87,7 +88,7 @@ def take_turn(e: Episode, c: Completion, backend: Backend, sampling: Sampling, g
     try:
         step = checked_step(guard.call(e.env.step, backend.decode(c.token_ids)))
     except EpisodeFault as fault:
-        e.reward, e.finish = 0.0, fault.reason
+        e.reward, e.finish, e.fault = 0.0, fault.reason, str(fault)
         return
     e.reward += step.reward
     if step.done or e.turns >= e.env.max_turns:
@@ -95,11 +96,11 @@ def take_turn(e: Episode, c: Completion, backend: Backend, sampling: Sampling, g
         return
     try:
         ids = backend.encode_turn(step.messages, ended=c.finish_reason == "stop")
-    except Exception:  # a template that cannot render what the environment said
-        e.reward, e.finish = 0.0, "env_unrenderable"
+    except Exception as exc:  # a template that cannot render what the environment said
+        e.reward, e.finish, e.fault = 0.0, "env_unrenderable", f"{type(exc).__name__}: {exc}"[:400]
         return
     if len(ids) > ENV_TURN_TOKENS:
-        e.reward, e.finish = 0.0, "env_too_long"
+        e.reward, e.finish, e.fault = 0.0, "env_too_long", f"a turn of {len(ids)} tokens, over {ENV_TURN_TOKENS}"
     elif len(e.prompt_ids) + len(e.tokens) + len(ids) + sampling.max_tokens > backend.max_model_len:
         e.finish = "length"
     else:

@@ -6,6 +6,7 @@ list them all, ``prl.cli.user_errors``); this floor imports none of them, so eve
 from __future__ import annotations
 
 import errno
+import traceback
 
 
 class UsageError(ValueError):
@@ -40,6 +41,12 @@ DISK_HINTS = {
 def disk_full_or_read_only(exc: BaseException) -> bool:
     """A write the machine refused (no space, no quota, read-only): the person fixes the disk."""
     return isinstance(exc, OSError) and exc.errno in DISK_HINTS
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where ``exc`` was raised (``file:line in function``), for a fault in code a person wrote."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
 
 
 def one_line(exc: BaseException) -> str:

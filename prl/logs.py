@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections import Counter
 from contextlib import contextmanager
 
 import structlog
@@ -53,6 +54,20 @@ def configure(fmt: str = "console", level: str = "info", log_file: str | None = 
     _route_libraries(max(logging.WARNING, min(h.level for h in handlers)))
     logging.captureWarnings(True)  # a library's warnings.warn is a log line too (logger py.warnings)
     logging.raiseExceptions = False  # a line the file cannot take (a full disk) is lost, not a traceback on the console
+
+
+class Recurring:
+    """A fault that can recur on every call (a reward function's, an environment's), warned of
+    at its 1st, 10th, 100th, ... time of each kind with the count so far: the first says what is
+    wrong, the later ones that it goes on, and the log stays short."""
+
+    def __init__(self, log, event: str):
+        self.log, self.event, self.counts = log, event, Counter()
+
+    def __call__(self, kind: str, **fields) -> None:
+        self.counts[kind] += 1
+        if str(self.counts[kind]).rstrip("0") == "1":
+            self.log.warning(self.event, kind=kind, count=self.counts[kind], **fields)
 
 
 THIRD_PARTY = (*LIBRARIES, "py.warnings", "torch", "peft", "accelerate", "matplotlib", "PIL")

@@ -4,8 +4,9 @@ Built in: ``prl.tasks.addition:exact_match`` (the built-in task), ``prl.rewards:
 (free-form math answers, boxed or final-answer, checked for equivalence with math-verify) and
 ``prl.rewards:reasoning_gym`` (problems made by ``prl data reasoning-gym``, scored by the
 generator's own checker). A reward that raises, returns a non-number or runs past
-``REWARD_TIMEOUT_S`` counts as 0.0 and is counted; the producer goes on (a reward that needs
-longer, such as running code, enforces its own limit).
+``REWARD_TIMEOUT_S`` counts as 0.0 and is counted, and the producer warns (``reward_failed``,
+with the error and where it was raised, at the 1st, 10th, 100th, ... time); it goes on (a reward
+that needs longer, such as running code, enforces its own limit).
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ import json
 import math
 import re
 from typing import Callable
+
+import structlog
+
+from prl.errors import raised_at
+from prl.logs import Recurring
 
 RewardFn = Callable[[str, str], float]
 REWARD_TIMEOUT_S = 10.0
@@ -79,10 +85,12 @@ def reasoning_gym(completion: str, answer: str) -> float:
 class RewardRunner:
     """Scores completions with a time limit per call, on one worker thread."""
 
-    def __init__(self, fn: RewardFn, timeout_s: float = REWARD_TIMEOUT_S):
+    def __init__(self, fn: RewardFn, timeout_s: float = REWARD_TIMEOUT_S, log=None):
         self.fn, self.timeout_s = fn, timeout_s
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
         self.errors = self.timeouts = 0
+        self.name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
+        self.failed = Recurring(log or structlog.get_logger("prl.rewards"), "reward_failed")
 
     def __call__(self, completion: str, answer: str) -> float:
         future = self.pool.submit(self.fn, completion, answer)
@@ -93,12 +101,15 @@ class RewardRunner:
             self.timeouts += 1
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+            self.failed("timeout", reward=self.name, error=f"ran past {self.timeout_s:g} s; scored 0")
             return 0.0
-        except Exception:
+        except Exception as exc:
             self.errors += 1
+            self.failed("error", reward=self.name, error=f"{type(exc).__name__}: {exc}"[:400], at=raised_at(exc))
             return 0.0
         if not math.isfinite(value):
             self.errors += 1
+            self.failed("not_finite", reward=self.name, error=f"returned {value}; scored 0")
             return 0.0
         return value
 

@@ -40,6 +40,7 @@ from prl.environments import Guard, environment_class
 from prl.episodes import close_episodes, run_episodes, start_episodes
 from prl.formulas import has_signal
 from prl.generation import Request, make_backend
+from prl.logs import Recurring
 from prl.rewards import RewardRunner, load_reward
 from prl.models import base_weight_shapes, resolve_model_dir
 from prl.policy import PolicyReader, VersionRejected, newest_version, version_whole
@@ -91,10 +92,11 @@ class Producer(Service):
         self.backend = backend or make_backend(cfg.producer.backend, cfg.model.path, cfg.model.dtype, cfg.learner.lora_rank,
                                                choose_device(cfg.run.device), cfg.producer.vllm, beside_learner,
                                                seed=sampling_seed(cfg.run.seed, self.producer_id))
-        self.reward = RewardRunner(load_reward(cfg.producer.reward))
+        self.log = self.log.bind(producer_id=self.producer_id)
+        self.reward = RewardRunner(load_reward(cfg.producer.reward), log=self.log)
         self.environment = environment_class(cfg.task.environment) if cfg.task.environment else None
         self.guard = Guard()  # environment calls, each with a time limit
-        self.log = self.log.bind(producer_id=self.producer_id)
+        self.episode_failed = Recurring(self.log, "episode_failed")  # an environment's faults, warned of
         self.versions = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
         self.serving: tuple[str, dict | None] = ("base", None)  # what is loaded: its kind and tensors
         self.announced: dict[int, PolicyVersion] = {}  # recent announcements of the run's own versions
@@ -384,6 +386,7 @@ class Producer(Service):
             for e in episodes:
                 if e.finish not in ("stop", "length"):
                     self.count(f"episode_faults/{e.finish}")
+                    self.episode_failed(e.finish, error=e.fault)
             rollouts = [e.rollout(self.backend) for e in episodes]
             if self.cfg.producer.drop_zero_signal_completions and not has_signal([r.reward for r in rollouts]):
                 rollouts = rewards_only(rollouts)

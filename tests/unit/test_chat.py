@@ -79,3 +79,28 @@ def test_transformers_backend_samples_groups_from_chat_prompts(chat_dir):
     out = backend.generate(reqs)
     assert [len(g) for g in out] == [3, 3]
     assert all(0 < len(c.token_ids) == len(c.logprobs) <= 5 and max(c.logprobs) <= 0 for g in out for c in g)
+
+
+def test_an_environment_s_fault_is_warned_of_by_the_producer_with_its_error(chat_dir, tmp_path):
+    """Each episode of the group ends on the fault with reward 0; the producer's log says which
+    fault and why once, at the first of them (then at the 10th, ...), not only a count."""
+    import structlog
+
+    from prl.producers.service import Producer
+    from prl.transport.memory import MemoryTransport
+    from prl.schemas import Dispatch, encode, topic_name
+    from prl.schemas.config import load_config
+    from prl.schemas.topics import PROBLEMS
+
+    cfg = load_config(overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}", f"model.path={json.dumps(str(chat_dir))}",
+                                 "task.environment='tests.unit.test_environments:Broken'"])
+    transport = MemoryTransport()
+    transport.ensure_topics(cfg.run.name)
+    producer = Producer(cfg, transport)
+    transport.publisher().publish(topic_name(cfg.run.name, PROBLEMS), encode(
+        Dispatch("d0", "p0", json.dumps(MESSAGES), "42", 4, Sampling(1.0, 1.0, 6, []), 0, chat=True)))
+    with structlog.testing.capture_logs() as logs:
+        producer.step()
+    [warning] = [e for e in logs if e["event"] == "episode_failed"]
+    assert (warning["kind"], warning["count"]) == ("env_error", 1)
+    assert "RuntimeError: the environment broke" in warning["error"] and producer.counters["episode_faults/env_error"] == 4

@@ -141,6 +141,8 @@ def test_a_faulty_environment_ends_its_episode_with_reward_0_and_a_reason():
         guard.close()
     assert [e.finish for e in episodes] == ["env_error", "env_timeout", "env_garbage", "env_garbage", "stop"]
     assert [e.reward for e in episodes] == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert "RuntimeError: the environment broke (at " in episodes[0].fault and "in step)" in episodes[0].fault
+    assert "past 0.5 s" in episodes[1].fault and all(e.fault for e in episodes[:4]) and not episodes[4].fault
 
 
 def test_an_environment_may_be_async():

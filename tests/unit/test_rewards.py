@@ -33,6 +33,27 @@ def test_reward_that_raises_or_hangs_counts_zero_and_goes_on():
     runner.close()
 
 
+def test_a_failing_reward_is_warned_of_at_its_1st_10th_100th_time_with_where_it_raised():
+    """A reward with a bug scores 0 on every call: the producer's log says why, and where."""
+    import structlog
+
+    def buggy(completion, answer):
+        return float(completion == answer.stirp())
+
+    runner = RewardRunner(buggy, timeout_s=5.0)
+    with structlog.testing.capture_logs() as logs:
+        assert [runner("15", "15") for _ in range(100)] == [0.0] * 100
+        runner.fn = lambda c, a: float("inf")
+        runner("15", "15")
+    runner.close()
+    assert [(e["event"], e["kind"], e["count"]) for e in logs] == [
+        ("reward_failed", "error", 1), ("reward_failed", "error", 10), ("reward_failed", "error", 100),
+        ("reward_failed", "not_finite", 1)]
+    assert logs[0]["error"] == "AttributeError: 'str' object has no attribute 'stirp'"
+    assert logs[0]["at"].startswith(__file__) and logs[0]["at"].endswith("in buggy")
+    assert logs[0]["reward"].endswith("buggy") and runner.errors == 101
+
+
 def test_load_reward_by_dotted_path():
     assert load_reward("prl.tasks.addition:exact_match")("15", "15") == 1.0
     with pytest.raises(ValueError):
