@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import torch
 
+# Past r = e^20 every clip has already taken the gradient away (r > 1 + clip_high for A > 0,
+# r > dual_clip for A < 0), so capping r there changes no gradient; uncapped, a token the sampler
+# gave a tiny probability overflows r to inf, and inf * 0 in the backward pass is NaN in every weight.
+LOG_RATIO_MAX = 20.0
+
 
 def policy_ratio(logp: torch.Tensor, behaviour_logp: torch.Tensor) -> torch.Tensor:
-    """r_t = pi_theta(a_t) / pi_behaviour(a_t)."""
-    return torch.exp(logp - behaviour_logp)
+    """r_t = pi_theta(a_t) / pi_behaviour(a_t), capped at e^LOG_RATIO_MAX."""
+    return torch.exp(torch.clamp(logp - behaviour_logp, max=LOG_RATIO_MAX))
 
 
 def clipped_surrogate(
@@ -75,7 +80,7 @@ def grpo_loss(
         per_token = per_token * sample_weight.unsqueeze(-1)
     loss = (per_token * mask).sum() / (mask.sum().clamp(min=1) if total_tokens is None else total_tokens)
     with torch.no_grad():
-        log_rho = (logp - behaviour_logp).detach()
+        log_rho = (logp - behaviour_logp).detach().double()  # the true ratio, in a range that holds it
         rho = torch.exp(log_rho)
         stats = {
             "clip_fraction": token_mean(is_clipped(ratio.detach(), adv, clip_low, clip_high, dual_clip).float(), mask),

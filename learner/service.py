@@ -428,7 +428,7 @@ class Learner(Service):
         stats.update(lr=self.optimizer.param_groups[0]["lr"], train_seconds=time.perf_counter() - t0,
                      **self.age_metrics(usable), mean_reward=sum(r.reward for r in usable) / len(usable),
                      stale_dropped=self.counters.get("stale_dropped", 0))
-        self.warn_if_slower_than_poll_interval(stats["train_seconds"])
+        self.warn_of_the_step(stats, batch.seq)
         self.version += 1
         self.last_seq = batch.seq
         if self.is_main:  # logged before the checkpoint: a step that is durable is always in the log
@@ -442,12 +442,16 @@ class Learner(Service):
         self.last_stats = stats
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
 
-    def warn_if_slower_than_poll_interval(self, seconds: float) -> None:
-        """A step that takes more than half of the consumer group's poll interval risks the
-        learner's partitions being taken away mid-step: say which setting to raise."""
+    def warn_of_the_step(self, stats: dict, seq: int) -> None:
+        """A step whose gradient overflowed moved no weight: say so. A step that takes more than
+        half of the consumer group's poll interval risks the learner's partitions being taken
+        away mid-step: say which setting to raise."""
+        if stats["skipped"] and self.is_main:
+            self.log.warning("step_skipped", step=self.version + 1, grad_norm=stats["grad_norm"], batch_seq=seq,
+                             why="the gradient is not finite: the weights stay as they were (the version repeats them)")
         limit_s = self.cfg.transport.kafka.max_poll_interval_ms / 1000
-        if seconds > limit_s / 2:
-            self.log.warning("step_near_poll_interval", seconds=round(seconds, 1), max_poll_interval_s=limit_s,
+        if stats["train_seconds"] > limit_s / 2:
+            self.log.warning("step_near_poll_interval", seconds=round(stats["train_seconds"], 1), max_poll_interval_s=limit_s,
                              fix="raise transport.kafka.max_poll_interval_ms above twice the slowest step")
 
     def usable_rollouts(self, batch: TrainBatch) -> tuple[list, int, int]:

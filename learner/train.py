@@ -250,7 +250,8 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
     """One optimizer step on a batch, over micro-batches of at most ``cfg.micro_batch_tokens``
     padded tokens with gradient accumulation, so the loss and gradients equal the whole-batch
     token-mean; under FSDP every rank takes its share of the micro-batches. Then grad-norm clip
-    and AdamW step; returns the batch's metrics (global). Micro-batches are packed on the host
+    and AdamW step, none where the gradient's norm is not finite (``skipped`` 1); returns the
+    batch's metrics (global). Micro-batches are packed on the host
     and moved to ``device`` (default: where the model's parameters are). ``version``: the
     policy version of the weights the step starts from (default: the newest that sampled a
     rollout of the batch), against which rollouts are age 0 or stale.
@@ -267,11 +268,15 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
     optimizer.zero_grad(set_to_none=True)
     sums, extremes = accumulate_gradients(model, plan, total_tokens, cfg, pad_id, world, device, version)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-    optimizer.step()
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # every rank's
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:  # an overflow: stepping would make every weight NaN; the weights and AdamW's moments stay
+        optimizer.zero_grad(set_to_none=True)
     model.eval()
     return {
         **step_metrics(dict(zip(STAT_NAMES, sums.tolist())), total_tokens, extremes.tolist()),
-        "grad_norm": float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+        "grad_norm": grad_norm, "skipped": float(not math.isfinite(grad_norm)),
         "rollouts": len(rollouts),
         "replay_share": sum(r.is_replay for r in rollouts) / len(rollouts),
         "micro_batches": len(plan),

@@ -4,6 +4,7 @@ Importable with pyarrow and pydantic alone (no torch, no vLLM).
 """
 
 from prl.schemas.records import (
+    LOGPROB_MIN,
     SCHEMA_VERSION,
     DeadLetter,
     DecodeError,
@@ -26,6 +27,7 @@ from prl.schemas.records import (
 from prl.schemas.topics import TOPICS, topic_name
 
 __all__ = [
+    "LOGPROB_MIN",
     "SCHEMA_VERSION",
     "TOPICS",
     "DeadLetter",

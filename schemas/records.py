@@ -243,7 +243,7 @@ class RolloutGroup:
         for r in self.rollouts:
             _require(math.isfinite(r.reward), "invalid_value", "reward is not finite")
             _require(len(r.logprobs) == len(r.completion_ids), "invalid_value", "logprobs/token length mismatch")
-            _require(valid_logprobs(r.logprobs), "invalid_value", "log-prob not finite or above 0")
+            _require(valid_logprobs(r.logprobs), "invalid_value", "log-prob not finite, above 0 or below LOGPROB_MIN")
             _require(valid_token_ids(r.completion_ids), "invalid_value", "negative token id")
             _require(valid_mask(r.model_mask, r.completion_ids), "invalid_value", "model_mask: 0/1 per token, some 1")
 
@@ -303,7 +303,7 @@ class TrainBatch:
             _require(0 < r.sample_weight <= 1, "invalid_value", "sample_weight outside (0, 1]")
             _require(valid_temperature(r.temperature), "invalid_value", "temperature is not a sampling temperature")
             _require(len(r.logprobs) == len(r.completion_ids) > 0, "invalid_value", "logprobs/token length mismatch")
-            _require(valid_logprobs(r.logprobs), "invalid_value", "log-prob not finite or above 0")
+            _require(valid_logprobs(r.logprobs), "invalid_value", "log-prob not finite, above 0 or below LOGPROB_MIN")
             _require(valid_token_ids(r.prompt_ids) and valid_token_ids(r.completion_ids), "invalid_value", "negative token id")
             _require(valid_mask(r.model_mask, r.completion_ids), "invalid_value", "model_mask: 0/1 per token, some 1")
 
@@ -459,8 +459,14 @@ def valid_temperature(t: float) -> bool:
     return math.isfinite(t) and 0 < t <= MAX_TEMPERATURE
 
 
+# A sampled token's log-prob is at least that of float32's smallest probability (2^-149, e^-103.3):
+# a sampler computing in float32 or narrower never draws a token below it. One far below it (a
+# corrupt or hostile message) would put the learner's importance ratio out of any float's range.
+LOGPROB_MIN = -110.0
+
+
 def valid_logprobs(lp: np.ndarray) -> bool:
-    return bool(np.isfinite(lp).all() and (lp <= 0).all())
+    return bool(np.isfinite(lp).all() and (lp <= 0).all() and (lp >= LOGPROB_MIN).all())
 
 
 def valid_env_args(text: str) -> bool:

@@ -65,6 +65,7 @@ def same_weights(a, b) -> bool:
 # -- the learner -------------------------------------------------------------------------------
 @pytest.mark.parametrize("case, batch, reason", [
     ("NaN behaviour log-prob", TrainBatch("b", 0, 0, 1, [rollout(logprobs=(math.nan, -0.1))]), "invalid_value"),
+    ("a behaviour log-prob of -1e30", TrainBatch("b", 0, 0, 1, [rollout(logprobs=(-1e30, -0.1))]), "invalid_value"),
     ("temperature 0", TrainBatch("b", 0, 0, 1, [rollout(temperature=0.0)]), "invalid_value"),
     ("mixed temperatures", TrainBatch("b", 0, 0, 1, [rollout(rid="a"), rollout(rid="b", temperature=0.7)]), "invalid_value"),
     ("no rollouts", TrainBatch("b", 0, 0, 1, []), "invalid_value"),
@@ -84,6 +85,25 @@ def test_learner_refuses_a_poisoned_batch_and_trains_the_next(tmp_path, case, ba
     run.inject(BATCHES, TrainBatch("good", 0, 0, 1, [rollout(rid="g1", advantage=1.0), rollout(rid="g2", advantage=-1.0)]))
     learner.step()
     assert learner.version == 1 and learner.last_seq == 0 and finite(learner.model)
+
+
+def test_a_batch_whose_gradient_overflows_is_stepped_over_with_a_warning(tmp_path):
+    """Valid on the wire, an advantage of 1e38 (no GRPO group makes one) overflows the
+    gradient: the learner keeps its weights, says so, announces the version (the same
+    weights) and trains the next batch."""
+    import structlog
+
+    run = Run(config(tmp_path))
+    learner = Learner(run.cfg, run.transport)
+    before = load_model(run.cfg.model.path)
+    run.inject(BATCHES, TrainBatch("huge", 0, 0, 1, [rollout(rid="h1", advantage=1e38), rollout(rid="h2", advantage=-1e38)]))
+    with structlog.testing.capture_logs() as logs:
+        learner.step()
+    assert [e["step"] for e in logs if e["event"] == "step_skipped"] == [1]
+    assert learner.version == 1 and same_weights(learner.model, before)
+    run.inject(BATCHES, TrainBatch("good", 1, 1, 1, [rollout(rid="g1", advantage=1.0), rollout(rid="g2", advantage=-1.0)]))
+    learner.step()
+    assert learner.version == 2 and finite(learner.model) and not same_weights(learner.model, before)
 
 
 def test_learner_refuses_an_all_stale_batch_without_moving_its_window(tmp_path):

@@ -3,6 +3,7 @@
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,6 +77,41 @@ def random_rollouts(n, seed, vocab=16):
         out.append(TrainRollout(f"r{i}", "p", 0, i % 3 == 0, float(torch.randn(1, generator=g)), 0.0, 1.0,
                                 [1] + ids[:p], ids[p:], (-torch.rand(c, generator=g) * 3).tolist()))
     return out
+
+
+def test_a_token_the_sampler_found_all_but_impossible_leaves_the_weights_finite():
+    """Behaviour log-probs at the contract's floor (LOGPROB_MIN) put r = pi/pi_behaviour past
+    float32 (e^110): uncapped, inf * 0 made every gradient NaN and the step every weight NaN.
+    Capped where every clip has zeroed the gradient, the step is the same as without that token."""
+    from prl.learner.train import train_step
+    from prl.models import load_model
+    from prl.schemas import LOGPROB_MIN
+    from prl.schemas.config import LearnerConfig
+
+    rollouts = random_rollouts(8, seed=3)
+    extreme = [dataclasses.replace(r, logprobs=np.minimum(r.logprobs, LOGPROB_MIN * (np.arange(len(r.logprobs)) == 0)))
+               for r in rollouts]
+    for advantage in (1.0, -1.0):
+        model = load_model("builtin:tiny-adder")
+        m = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                       [dataclasses.replace(r, advantage=advantage) for r in extreme], LearnerConfig())
+        assert math.isfinite(m["grad_norm"]) and m["skipped"] == 0 and m["ratio_mean"] > 1e40
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_step_whose_gradient_is_not_finite_leaves_the_weights_as_they_were():
+    """An overflow anywhere (here an advantage of 1e38, which no GRPO group gives) makes the
+    gradient's norm inf: the optimizer does not step, and the step says so (``skipped``)."""
+    from prl.learner.train import train_step
+    from prl.models import load_model
+    from prl.schemas.config import LearnerConfig
+
+    model = load_model("builtin:tiny-adder")
+    before = [p.detach().clone() for p in model.parameters()]
+    rollouts = [dataclasses.replace(r, advantage=1e38) for r in random_rollouts(8, seed=4)]
+    m = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), rollouts, LearnerConfig())
+    assert m["skipped"] == 1 and not math.isfinite(m["grad_norm"])
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_micro_batched_loss_and_gradients_equal_whole_batch():
