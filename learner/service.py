@@ -5,7 +5,7 @@ Loop, top to bottom:
   1. poll the batch topic (one batch at a time; under torchrun rank 0 polls and broadcasts);
      a claim-check batch has its rollouts fetched from the rollouts topic;
   2. dead-letter a batch it must not train (beyond its window, a rollout from a version it has
-     not made, every rollout too old, a token outside the vocabulary); skip one whose sequence
+     not made, every rollout too old, a token outside the vocabulary or past the context); skip one whose sequence
      number was already trained (at-least-once delivery);
   3. drop rollouts older than tau_max and fresh rollouts already trained (both counted),
      train on the rest;
@@ -46,7 +46,7 @@ from prl.learner.train import make_optimizer, train_step
 from prl import storage
 from prl.devices import bf16_autocast_on, choose_device, memory_bytes, native_bf16
 from prl.formulas import rollout_age
-from prl.models import export_state, load_model, load_state, load_tokenizer, lora_config, resolve_model_dir
+from prl.models import context_length, export_state, load_model, load_state, load_tokenizer, lora_config, resolve_model_dir
 from prl.policy import PolicyWriter, VersionRejected, newest_version, read_meta
 from prl.trust import policy_root, version_name
 from prl.service import Service, ServiceStopped
@@ -382,7 +382,7 @@ class Learner(Service):
             return "future_rollout", f"a rollout of policy version {newest}, the learner is at {self.version}"
         if all(rollout_age(self.version, r.policy_version) > self.cfg.scheduler.tau_max for r in batch.rollouts):
             return "stale_batch", f"every rollout is older than tau_max at version {self.version}"
-        if problem := self.out_of_vocabulary(batch):
+        if problem := self.unfit(batch):
             return "invalid_value", problem
         if isinstance(self.source, TopicSource) and (problem := epochs.fenced(self.cfg.run.run_dir, "scheduler", batch.epoch)):
             return "fenced_epoch", problem
@@ -393,13 +393,18 @@ class Learner(Service):
         if self.source is not None and self.saved_version == self.version:
             self.deliver(self.source)  # its dead letter first
 
-    def out_of_vocabulary(self, batch: TrainBatch) -> str | None:
-        """Why this batch cannot go through the model (a token id it has no embedding for)."""
+    def unfit(self, batch: TrainBatch) -> str | None:
+        """Why this batch cannot go through the model: a token id it has no embedding for, or a
+        rollout longer than its context (no producer samples past it; one of a million tokens
+        would only run the learner out of memory, again after each restart)."""
         vocab = self.model.get_input_embeddings().num_embeddings
+        context = context_length(self.model.config)
         for r in batch.rollouts:
             ids = np.concatenate([r.prompt_ids, r.completion_ids])
             if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
                 return f"rollout {r.rollout_id}: token id outside [0, {vocab})"
+            if len(ids) > context:
+                return f"rollout {r.rollout_id}: {len(ids)} tokens, over the model's context of {context}"
         return None
 
     def train_on(self, batch: TrainBatch) -> None:

@@ -77,12 +77,13 @@ class TransformersBackend(Backend):
 
     def __init__(self, model, tokenizer, seed: int | None = None):
         from prl.devices import module_device
+        from prl.models import context_length
 
         self.model = model
         self.device = module_device(model)  # prompts go where the model is
         self.tokenizer = tokenizer
         self.base: dict | None = None  # the base weights, kept once an adapter is first applied
-        self.max_model_len = getattr(model.config, "max_position_embeddings", 1 << 30)
+        self.max_model_len = context_length(model.config)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
         self.seed = seed  # sampling draws from this backend's own stream; None: torch's global one

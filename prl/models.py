@@ -80,6 +80,17 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(resolve_model_dir(path))
 
 
+def context_length(config) -> int:
+    """The longest sequence a model takes: ``max_position_embeddings``, times the RoPE scaling
+    factor where its config has one (YaRN and the like, as vLLM counts it); unbounded if unknown."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not positions:
+        return 1 << 30
+    scaling = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    return int(positions * factor) if factor and factor > 1 else int(positions)
+
+
 def export_state(model, state: dict | None = None) -> dict:
     """Weights to save (``state``, default the model's own): HF layout, tied output
     embeddings left out (loaders re-tie them)."""

@@ -5,6 +5,7 @@ same services as over Kafka; tests/integration/test_faults.py has the end-to-end
 the test broker), then asserts that it was dead-lettered with its reason, that the service
 is still up and serving, and that the weights are still the real, finite ones."""
 
+import dataclasses
 import json
 import math
 import time
@@ -66,6 +67,8 @@ def same_weights(a, b) -> bool:
 @pytest.mark.parametrize("case, batch, reason", [
     ("NaN behaviour log-prob", TrainBatch("b", 0, 0, 1, [rollout(logprobs=(math.nan, -0.1))]), "invalid_value"),
     ("a behaviour log-prob of -1e30", TrainBatch("b", 0, 0, 1, [rollout(logprobs=(-1e30, -0.1))]), "invalid_value"),
+    ("a rollout past the model's context", TrainBatch("b", 0, 0, 1, [dataclasses.replace(
+        rollout(), completion_ids=[5] * 10_000, logprobs=[-0.5] * 10_000)]), "invalid_value"),
     ("temperature 0", TrainBatch("b", 0, 0, 1, [rollout(temperature=0.0)]), "invalid_value"),
     ("mixed temperatures", TrainBatch("b", 0, 0, 1, [rollout(rid="a"), rollout(rid="b", temperature=0.7)]), "invalid_value"),
     ("no rollouts", TrainBatch("b", 0, 0, 1, []), "invalid_value"),

@@ -52,3 +52,15 @@ def test_prl_run_with_a_wrong_model_path_is_one_line(tmp_path, capsys):
     assert main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", f"model.path='{tmp_path}/nope'"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"prl run: model.path '{tmp_path}/nope': no such directory"), err
+
+
+def test_a_models_context_counts_its_rope_scaling_as_vllm_does():
+    """The learner refuses a rollout past the context, so a YaRN-scaled model's is the scaled one."""
+    from types import SimpleNamespace as Config
+
+    from prl.models import context_length
+
+    assert context_length(Config(max_position_embeddings=2048, rope_scaling=None)) == 2048
+    assert context_length(Config(max_position_embeddings=32768, rope_scaling={"rope_type": "yarn", "factor": 4.0})) == 131072
+    assert context_length(Config(max_position_embeddings=8192, rope_parameters={"rope_type": "default"})) == 8192
+    assert context_length(Config()) == 1 << 30
