@@ -32,14 +32,20 @@ def encode_heldout(backend: Backend, problems, max_tokens: int) -> list[list[int
 
 def greedy_rewards(backend: Backend, prompt_ids: list[list[int]], answers: list[str], reward_fn, max_tokens: int,
                    chunk: int = 512) -> tuple[list[float], list[str]]:
-    """(reward, completion text) of one greedy completion per prompt, in order."""
+    """(reward, completion text) of one greedy completion per prompt, in order. ``reward_fn``:
+    (completion, answer) -> float, or a RewardRunner (prl/rewards.py), which scores a chunk's
+    completions on its worker threads."""
     sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=max_tokens)
     rewards, texts = [], []
     for lo in range(0, len(prompt_ids), chunk):
         reqs = [Request(ids, 1, sampling) for ids in prompt_ids[lo : lo + chunk]]
-        for answer, (c,) in zip(answers[lo : lo + chunk], backend.generate(reqs, greedy=True)):
-            texts.append(backend.decode(c.token_ids))
-            rewards.append(float(reward_fn(texts[-1], answer)))
+        chunk_texts = [backend.decode(c.token_ids) for (c,) in backend.generate(reqs, greedy=True)]
+        chunk_answers = answers[lo : lo + chunk]
+        if hasattr(reward_fn, "many"):
+            rewards += reward_fn.many(chunk_texts, chunk_answers)
+        else:
+            rewards += [float(reward_fn(t, a)) for t, a in zip(chunk_texts, chunk_answers)]
+        texts += chunk_texts
     return rewards, texts
 
 

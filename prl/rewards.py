@@ -83,26 +83,41 @@ def reasoning_gym(completion: str, answer: str) -> float:
 
 
 class RewardRunner:
-    """Scores completions with a time limit per call, on one worker thread."""
+    """Scores completions on ``workers`` threads, each call within ``timeout_s``. A generation
+    call's completions are scored in waves of ``workers`` calls at once: a reward that waits on
+    something (a judge model's API, a sandbox) goes that many times faster, and a wave waits
+    ``timeout_s`` at most."""
 
-    def __init__(self, fn: RewardFn, timeout_s: float = REWARD_TIMEOUT_S, log=None):
-        self.fn, self.timeout_s = fn, timeout_s
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+    def __init__(self, fn: RewardFn, timeout_s: float = REWARD_TIMEOUT_S, log=None, workers: int = 1):
+        self.fn, self.timeout_s, self.workers = fn, timeout_s, workers
+        self.pool = self.new_pool()
         self.errors = self.timeouts = 0
         self.name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
         self.failed = Recurring(log or structlog.get_logger("prl.rewards"), "reward_failed")
 
+    def new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        return concurrent.futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="reward")
+
     def __call__(self, completion: str, answer: str) -> float:
-        future = self.pool.submit(self.fn, completion, answer)
+        return self.many([completion], [answer])[0]
+
+    def many(self, completions: list[str], answers: list[str]) -> list[float]:
+        """The reward of each completion against its answer, in order."""
+        scores = []
+        for lo in range(0, len(completions), self.workers):
+            wave = [self.pool.submit(self.fn, c, a) for c, a in zip(completions[lo:lo + self.workers],
+                                                                    answers[lo:lo + self.workers])]
+            done, late = concurrent.futures.wait(wave, timeout=self.timeout_s)
+            if late:  # the stuck calls keep their threads; the next wave gets fresh ones
+                self.pool.shutdown(wait=False, cancel_futures=True)
+                self.pool = self.new_pool()
+            scores += [self.value(f) if f in done else self.timed_out() for f in wave]
+        return scores
+
+    def value(self, future: concurrent.futures.Future) -> float:
+        """A finished call's reward; 0.0 for one that raised or is not a finite number (warned of)."""
         try:
-            value = float(future.result(timeout=self.timeout_s))
-        except concurrent.futures.TimeoutError:
-            # The stuck call keeps its thread; later calls get a fresh one.
-            self.timeouts += 1
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
-            self.failed("timeout", reward=self.name, error=f"ran past {self.timeout_s:g} s; scored 0")
-            return 0.0
+            value = float(future.result())
         except Exception as exc:
             self.errors += 1
             self.failed("error", reward=self.name, error=f"{type(exc).__name__}: {exc}"[:400], at=raised_at(exc))
@@ -112,6 +127,11 @@ class RewardRunner:
             self.failed("not_finite", reward=self.name, error=f"returned {value}; scored 0")
             return 0.0
         return value
+
+    def timed_out(self) -> float:
+        self.timeouts += 1
+        self.failed("timeout", reward=self.name, error=f"ran past {self.timeout_s:g} s; scored 0")
+        return 0.0
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -93,7 +93,7 @@ class Producer(Service):
                                                choose_device(cfg.run.device), cfg.producer.vllm, beside_learner,
                                                seed=sampling_seed(cfg.run.seed, self.producer_id))
         self.log = self.log.bind(producer_id=self.producer_id)
-        self.reward = RewardRunner(load_reward(cfg.producer.reward), log=self.log)
+        self.reward = RewardRunner(load_reward(cfg.producer.reward), log=self.log, workers=cfg.producer.reward_workers)
         self.environment = environment_class(cfg.task.environment) if cfg.task.environment else None
         self.guard = Guard()  # environment calls, each with a time limit
         self.episode_failed = Recurring(self.log, "episode_failed")  # an environment's faults, warned of
@@ -331,21 +331,16 @@ class Producer(Service):
             return groups
         results = self.backend.generate([Request(p, d.group_size, d.sampling) for d, p in ok])
         gen_s = (time.perf_counter() - t0) / len(ok)
-        for (d, prompt_ids), completions in zip(ok, results):
-            t1 = time.perf_counter()
-            rollouts = []
-            for c in completions:
-                text = self.backend.decode(c.token_ids)
-                reward = self.reward(text, d.answer)
-                rollouts.append(Rollout(c.token_ids, c.logprobs, reward, c.finish_reason, text))
+        t1 = time.perf_counter()
+        texts = [[self.backend.decode(c.token_ids) for c in completions] for completions in results]
+        rewards = iter(self.reward.many([t for ts in texts for t in ts], [d.answer for (d, _), ts in zip(ok, texts) for _ in ts]))
+        reward_s = (time.perf_counter() - t1) / len(ok)
+        for (d, prompt_ids), completions, ts in zip(ok, results, texts):
+            rollouts = [Rollout(c.token_ids, c.logprobs, next(rewards), c.finish_reason, t) for c, t in zip(completions, ts)]
             if self.cfg.producer.drop_zero_signal_completions and not has_signal([r.reward for r in rollouts]):
                 rollouts = rewards_only(rollouts)
-            groups.append(
-                RolloutGroup(
-                    d.dispatch_id, d.problem_id, self.backend.version, self.producer_id, prompt_ids,
-                    d.sampling.temperature, rollouts, gen_s, time.perf_counter() - t1, time.time(),
-                )
-            )
+            groups.append(RolloutGroup(d.dispatch_id, d.problem_id, self.backend.version, self.producer_id, prompt_ids,
+                                       d.sampling.temperature, rollouts, gen_s, reward_s, time.time()))
         self.count("groups_published", len(groups))
         self.counters["reward_errors"] = self.reward.errors
         self.counters["reward_timeouts"] = self.reward.timeouts

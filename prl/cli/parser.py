@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 BENCHMARKS = ("scheduler", "replay", "producer", "learner", "system", "learning", "real", "scale", "weights", "memory",
-              "snapshots", "faults", "gpu", "archive", "checkpoint")
+              "snapshots", "faults", "gpu", "archive", "checkpoint", "rewards")
 
 
 def number_type(convert, ok, what: str):

@@ -23,6 +23,7 @@ SMALL = {
                            "--groups-per-batch", "4", "--modes", "copy", "claim_check"], marks=pytest.mark.kafka),
     "weights": ["--steps", "2", "--lr", "1e-5"],
     "snapshots": ["--buffer", "400", "--tokens", "50", "--fresh", "32", "--problems", "100", "--steps", "2"],
+    "rewards": ["--groups", "2", "--group-size", "4", "--latency-ms", "5", "--calls", "1"],
     "faults": pytest.param(["--runs", "1", "--fault-seconds", "6"], marks=pytest.mark.kafka),
     "real": pytest.param(["--seeds", "1", "--minutes", "0.5", "--long-tokens", "0", "--set", 'producer.backend="transformers"'],
                          marks=pytest.mark.real),

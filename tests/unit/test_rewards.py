@@ -3,6 +3,7 @@ import threading
 import pytest
 
 from prl.rewards import RewardRunner, load_reward, math_verify
+from prl.schemas.config import ProducerConfig
 
 
 def test_math_verify_boxed_and_final_answer():
@@ -72,7 +73,31 @@ def test_every_built_in_reward_scores_a_right_answer_1_on_the_runners_worker_thr
     truth = row["reward_model"]["ground_truth"]
     right = {"prl.tasks.addition:exact_match": ("15", "15"), "prl.rewards:math_verify": ("so \\boxed{\\frac{1}{2}}", "0.5"),
              "prl.rewards:reasoning_gym": (json.loads(truth)["answer"], truth)}
+    workers = ProducerConfig().reward_workers
     for spec, (completion, answer) in right.items():
-        runner = RewardRunner(load_reward(spec))
-        assert runner(completion, answer) == 1.0 and runner.errors == runner.timeouts == 0, spec
+        runner = RewardRunner(load_reward(spec), workers=workers)  # the producer's default: calls at once
+        wrong = "no" if spec.endswith("exact_match") else "so \\boxed{7}"
+        scores = runner.many([completion, wrong] * 2 * workers, [answer] * 4 * workers)
+        assert scores == [1.0, 0.0] * 2 * workers and runner.errors == runner.timeouts == 0, spec
         runner.close()
+
+
+def test_a_reward_that_waits_is_scored_workers_calls_at_once_each_within_its_limit():
+    """16 calls that each wait until 8 are running at once: 8 workers score them in two waves (one
+    worker would wait until the limit ends each call). A call stuck past the limit scores 0
+    and the next wave is scored by fresh workers."""
+    together, release = threading.Barrier(8, timeout=5), threading.Event()
+
+    def judge(completion, answer):
+        if completion == "stuck":
+            release.wait(10)
+        elif answer == "together":
+            together.wait()  # returns once 8 calls run at the same time
+        return float(completion in answer)
+
+    runner = RewardRunner(judge, timeout_s=2.0, workers=8)
+    assert runner.many(["to", "no"] * 8, ["together"] * 16) == [1.0, 0.0] * 8 and runner.timeouts == 0
+    scores = runner.many(["stuck"] + ["a"] * 15, ["a"] * 16)
+    release.set()
+    runner.close()
+    assert scores == [0.0] + [1.0] * 15 and runner.timeouts == 1
