@@ -41,8 +41,11 @@ def judge_server(latency_s: float):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
-    server.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 256  # the default 5 drops connections made at once, which wait 1 s to retry
+
+    server = Server(("127.0.0.1", 0), Judge)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/"

@@ -5,8 +5,8 @@ Loop, top to bottom:
   1. poll the batch topic (one batch at a time; under torchrun rank 0 polls and broadcasts);
      a claim-check batch has its rollouts fetched from the rollouts topic;
   2. dead-letter a batch it must not train (beyond its window, a rollout from a version it has
-     not made, every rollout too old, a token outside the vocabulary or past the context); skip one whose sequence
-     number was already trained (at-least-once delivery);
+     not made, every rollout too old, a token outside the vocabulary, a rollout past the
+     context); skip one whose sequence number was already trained (at-least-once delivery);
   3. drop rollouts older than tau_max and fresh rollouts already trained (both counted),
      train on the rest;
   4. publish the new version (the weights in ``model.dtype``, as a sparse delta where that is

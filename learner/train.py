@@ -251,10 +251,10 @@ def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int 
     padded tokens with gradient accumulation, so the loss and gradients equal the whole-batch
     token-mean; under FSDP every rank takes its share of the micro-batches. Then grad-norm clip
     and AdamW step, none where the gradient's norm is not finite (``skipped`` 1); returns the
-    batch's metrics (global). Micro-batches are packed on the host
-    and moved to ``device`` (default: where the model's parameters are). ``version``: the
-    policy version of the weights the step starts from (default: the newest that sampled a
-    rollout of the batch), against which rollouts are age 0 or stale.
+    batch's metrics (global). Micro-batches are packed on the host and moved to ``device``
+    (default: where the model's parameters are). ``version``: the policy version of the weights
+    the step starts from (default: the newest that sampled a rollout of the batch), against
+    which rollouts are age 0 or stale.
 
     The token mean divides by the fresh rollouts' completion tokens (by all tokens when a batch
     has no fresh ones): replayed tokens add to the fresh gradient instead of diluting it, so
