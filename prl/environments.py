@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from prl.errors import raised_at
+from prl.timed import TimedCalls
 
 ENV_TIMEOUT_S = 10.0  # one reset or step call, at most
 Messages = list[dict]
@@ -220,29 +221,41 @@ def checked_step(value) -> Step:
 
 
 class Guard:
-    """Environment calls on worker threads, each within ``timeout_s``; coroutines are run to
-    their end there. A call that raises or hangs raises EpisodeFault (the hung thread is left
-    behind and a fresh pool serves the next calls)."""
+    """Environment calls on ``workers`` threads at once, each within ``timeout_s``
+    (prl/timed.py); coroutines are run to their end there. A call that raises or hangs ends in
+    an EpisodeFault (a hung thread is left behind)."""
 
     def __init__(self, timeout_s: float = ENV_TIMEOUT_S, workers: int = 4):
-        self.timeout_s, self.workers = timeout_s, workers
-        self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="environment")
+        self.timeout_s = timeout_s
+        self.calls = TimedCalls(workers, "environment")
+
+    def many(self, calls: list[tuple[Callable, tuple]]) -> list:
+        """Each (function, arguments) of ``calls`` run: its value, or the EpisodeFault that ended it."""
+        finished = self.calls.run([(run_to_end, (fn, *args)) for fn, args in calls], self.timeout_s)
+        return [self.outcome(future, fn) for future, (fn, _) in zip(finished, calls)]
+
+    def all(self, calls: list[tuple[Callable, tuple]]) -> list:
+        """Each call's value; the first EpisodeFault among them raised."""
+        values = self.many(calls)
+        if fault := next((v for v in values if isinstance(v, EpisodeFault)), None):
+            raise fault
+        return values
 
     def call(self, fn, *args):
-        future = self.pool.submit(run_to_end, fn, *args)
+        return self.all([(fn, args)])[0]
+
+    def outcome(self, future, fn):
+        if future is None:
+            return EpisodeFault("env_timeout", f"{getattr(fn, '__qualname__', fn)} ran past {self.timeout_s:g} s")
         try:
-            return future.result(timeout=self.timeout_s)
-        except concurrent.futures.TimeoutError:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="environment")
-            raise EpisodeFault("env_timeout", f"{getattr(fn, '__qualname__', fn)} ran past {self.timeout_s:g} s") from None
-        except EpisodeFault:
-            raise
+            return future.result()
+        except EpisodeFault as fault:
+            return fault
         except Exception as exc:
-            raise EpisodeFault("env_error", f"{type(exc).__name__}: {exc} (at {raised_at(exc)})") from None
+            return EpisodeFault("env_error", f"{type(exc).__name__}: {exc} (at {raised_at(exc)})")
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.calls.close()
 
 
 def run_to_end(fn, *args):

@@ -55,8 +55,8 @@ def start_episodes(backend: Backend, guard: Guard, make_env, n: int) -> list[Epi
     """``n`` episodes of one problem, each environment made by ``make_env()`` and reset. Their
     first messages must agree (a group shares its prompt); EpisodeFault if an environment
     cannot start, a prompt error (too long, no chat template) as the backend raises it."""
-    envs = [guard.call(make_env) for _ in range(n)]
-    firsts = [checked_messages(guard.call(env.reset)) for env in envs]
+    envs = guard.all([(make_env, ())] * n)
+    firsts = [checked_messages(m) for m in guard.all([(env.reset, ()) for env in envs])]
     if any(f != firsts[0] for f in firsts):
         raise EpisodeFault("env_resets_differ", "the environments of one problem began with different messages")
     prompt_ids = backend.encode(json.dumps(firsts[0]), chat=True)
@@ -64,29 +64,31 @@ def start_episodes(backend: Backend, guard: Guard, make_env, n: int) -> list[Epi
 
 
 def close_episodes(episodes: list[Episode], guard: Guard) -> None:
-    for e in episodes:
-        try:
-            guard.call(e.env.close)
-        except EpisodeFault:
-            pass  # closing is the environment's business; the episode is over
+    guard.many([(e.env.close, ()) for e in episodes])  # closing is the environment's business: its faults pass
 
 
 def run_episodes(backend: Backend, episodes: list[Episode], sampling: Sampling, guard: Guard,
                  greedy: bool = False) -> list[Episode]:
-    """Run every episode to its end, one engine call per round of turns."""
+    """Run every episode to its end: each round, one engine call for the next turn of every live
+    episode, then their environments' answers, ``guard``'s workers at a time."""
     while live := [e for e in episodes if not e.finish]:
-        completions = backend.generate([Request(e.prompt_ids + e.tokens, 1, sampling) for e in live], greedy=greedy)
-        for e, (c,) in zip(live, completions):
-            take_turn(e, c, backend, sampling, guard)
+        completions = [c for (c,) in backend.generate([Request(e.prompt_ids + e.tokens, 1, sampling) for e in live],
+                                                      greedy=greedy)]
+        steps = guard.many([(e.env.step, (backend.decode(c.token_ids),)) for e, c in zip(live, completions)])
+        for e, c, step in zip(live, completions, steps):
+            take_turn(e, c, step, backend, sampling)
     return episodes
 
 
-def take_turn(e: Episode, c: Completion, backend: Backend, sampling: Sampling, guard: Guard) -> None:
-    """The model's turn ``c`` into episode ``e``; the environment's answer, or the episode's end."""
+def take_turn(e: Episode, c: Completion, step, backend: Backend, sampling: Sampling) -> None:
+    """The model's turn ``c`` into episode ``e``, then what its environment answered (``step``,
+    or the fault that ends the episode)."""
     e.add(c.token_ids, c.logprobs, 1)
     e.turns += 1
     try:
-        step = checked_step(guard.call(e.env.step, backend.decode(c.token_ids)))
+        if isinstance(step, EpisodeFault):
+            raise step
+        step = checked_step(step)
     except EpisodeFault as fault:
         e.reward, e.finish, e.fault = 0.0, fault.reason, str(fault)
         return

@@ -22,6 +22,7 @@ import structlog
 
 from prl.errors import raised_at
 from prl.logs import Recurring
+from prl.timed import TimedCalls
 
 RewardFn = Callable[[str, str], float]
 REWARD_TIMEOUT_S = 10.0
@@ -83,36 +84,24 @@ def reasoning_gym(completion: str, answer: str) -> float:
 
 
 class RewardRunner:
-    """Scores completions on ``workers`` threads, each call within ``timeout_s``. A generation
-    call's completions are scored in waves of ``workers`` calls at once: a reward that waits on
-    something (a judge model's API, a sandbox) goes that many times faster, and a wave waits
-    ``timeout_s`` at most."""
+    """Scores completions on ``workers`` threads, each call within ``timeout_s``: a generation
+    call's completions ``workers`` at a time (prl/timed.py), so a reward that waits on something
+    (a judge model's API, a sandbox) goes that many times faster."""
 
     def __init__(self, fn: RewardFn, timeout_s: float = REWARD_TIMEOUT_S, log=None, workers: int = 1):
-        self.fn, self.timeout_s, self.workers = fn, timeout_s, workers
-        self.pool = self.new_pool()
+        self.fn, self.timeout_s = fn, timeout_s
+        self.calls = TimedCalls(workers, "reward")
         self.errors = self.timeouts = 0
         self.name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
         self.failed = Recurring(log or structlog.get_logger("prl.rewards"), "reward_failed")
-
-    def new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        return concurrent.futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="reward")
 
     def __call__(self, completion: str, answer: str) -> float:
         return self.many([completion], [answer])[0]
 
     def many(self, completions: list[str], answers: list[str]) -> list[float]:
         """The reward of each completion against its answer, in order."""
-        scores = []
-        for lo in range(0, len(completions), self.workers):
-            wave = [self.pool.submit(self.fn, c, a) for c, a in zip(completions[lo:lo + self.workers],
-                                                                    answers[lo:lo + self.workers])]
-            done, late = concurrent.futures.wait(wave, timeout=self.timeout_s)
-            if late:  # the stuck calls keep their threads; the next wave gets fresh ones
-                self.pool.shutdown(wait=False, cancel_futures=True)
-                self.pool = self.new_pool()
-            scores += [self.value(f) if f in done else self.timed_out() for f in wave]
-        return scores
+        finished = self.calls.run([(self.fn, pair) for pair in zip(completions, answers)], self.timeout_s)
+        return [self.timed_out() if f is None else self.value(f) for f in finished]
 
     def value(self, future: concurrent.futures.Future) -> float:
         """A finished call's reward; 0.0 for one that raised or is not a finite number (warned of)."""
@@ -134,4 +123,4 @@ class RewardRunner:
         return 0.0
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.calls.close()

@@ -95,7 +95,7 @@ class Producer(Service):
         self.log = self.log.bind(producer_id=self.producer_id)
         self.reward = RewardRunner(load_reward(cfg.producer.reward), log=self.log, workers=cfg.producer.reward_workers)
         self.environment = environment_class(cfg.task.environment) if cfg.task.environment else None
-        self.guard = Guard()  # environment calls, each with a time limit
+        self.guard = Guard(workers=cfg.producer.reward_workers)  # environment calls, each with a time limit
         self.episode_failed = Recurring(self.log, "episode_failed")  # an environment's faults, warned of
         self.versions = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
         self.serving: tuple[str, dict | None] = ("base", None)  # what is loaded: its kind and tensors

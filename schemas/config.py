@@ -125,7 +125,7 @@ class VLLMConfig(Section):
 class ProducerConfig(Section):
     backend: Literal["auto", "transformers", "vllm"] = Field("auto", description="Generation engine; auto: vLLM where installed and on a GPU or for a model of >= 100 MB of weights, else transformers.")
     reward: str = Field("prl.tasks.addition:exact_match", pattern=PLUGIN.pattern, description="Reward function, module:function(completion, answer) -> float.")
-    reward_workers: int = Field(8, ge=1, le=256, description="Reward calls at once, on threads (for a reward that waits on a judge model or a sandbox); 1 for one that is not thread-safe.")
+    reward_workers: int = Field(8, ge=1, le=256, description="Reward calls and environment steps at once, on threads (for a judge model, a sandbox, a tool); 1: not thread-safe.")
     max_dispatches_per_call: int = Field(16, ge=1, description="Dispatches batched into one generation call.")
     drop_zero_signal_completions: bool = Field(False, description="Send a group whose rewards are all equal as its rewards only (fewer broker bytes).")
     vllm: VLLMConfig = VLLMConfig()

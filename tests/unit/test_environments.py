@@ -145,6 +145,25 @@ def test_a_faulty_environment_ends_its_episode_with_reward_0_and_a_reason():
     assert "past 0.5 s" in episodes[1].fault and all(e.fault for e in episodes[:4]) and not episodes[4].fault
 
 
+def test_the_environments_of_a_round_answer_at_once_on_the_guards_workers():
+    """An environment that waits on a tool (here: until 4 episodes' steps run together) is
+    stepped for every live episode at once, 4 workers at a time; one at a time, each step would
+    wait out its limit and end its episode as env_timeout."""
+    together = threading.Barrier(4, timeout=5)
+
+    class Tool(Environment):
+        def step(self, text):
+            together.wait()
+            return Step([], 1.0, True)
+
+    backend = Scripted({k: ["x"] for k in range(1, 9)})
+    guard = Guard(timeout_s=2.0, workers=4)
+    episodes = [e for k in range(1, 9) for e in start_episodes(backend, guard, lambda k=k: Tool(f"{k} p", "x", exact), 1)]
+    run_episodes(backend, episodes, Sampling(max_tokens=2), guard)
+    guard.close()
+    assert [e.finish for e in episodes] == ["stop"] * 8 and [e.reward for e in episodes] == [1.0] * 8
+
+
 def test_an_environment_may_be_async():
     class Async(Environment):
         async def step(self, text):

@@ -1,0 +1,39 @@
+"""Calls into code a person wrote (reward functions, environments) on worker threads, each
+within a time limit: a call that raises is the caller's to judge, one that hangs is left behind.
+
+``TimedCalls.run`` starts up to ``workers`` calls at once, in waves: each wave waits
+``timeout_s`` at most, so no call is waited on longer, and one whose wait on something outside
+(a judge model's API, a sandbox, a tool) is most of its time goes ``workers`` times faster than
+one call at a time. A wave with a call still running at its limit leaves that thread behind;
+the next wave gets fresh ones.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Callable
+
+
+class TimedCalls:
+    def __init__(self, workers: int, name: str):
+        self.workers, self.name = workers, name
+        self.pool = self.new_pool()
+
+    def new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        return concurrent.futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=self.name)
+
+    def run(self, calls: list[tuple[Callable, tuple]], timeout_s: float) -> list[concurrent.futures.Future | None]:
+        """Each (function, arguments) of ``calls`` run, in order: its finished future (its
+        result or exception), or None where it ran past ``timeout_s``."""
+        out: list[concurrent.futures.Future | None] = []
+        for lo in range(0, len(calls), self.workers):
+            wave = [self.pool.submit(fn, *args) for fn, args in calls[lo:lo + self.workers]]
+            done, late = concurrent.futures.wait(wave, timeout=timeout_s)
+            if late:  # the stuck calls keep their threads; the next wave gets fresh ones
+                self.pool.shutdown(wait=False, cancel_futures=True)
+                self.pool = self.new_pool()
+            out += [f if f in done else None for f in wave]
+        return out
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
