@@ -306,7 +306,21 @@ class Scheduler(Service):
         if flight is not None and not group.error and len(group.rewards) != flight.group_size:
             self.reject(msg, "wrong_group_size", f"{len(group.rewards)} completions, {flight.group_size} were asked for")
             return False
+        if problem := self.unlike_asked(group):
+            self.reject(msg, "not_as_asked", problem)
+            return False
         return True
+
+    def unlike_asked(self, group: RolloutGroup) -> str | None:
+        """Why ``group`` was not sampled as every dispatch asks (the run's temperature; for one
+        turn, at most sampling.max_tokens a completion): trained, it would spoil its whole batch
+        (the learner refuses a batch of mixed temperatures or a rollout past the context)."""
+        if not group.error and group.temperature != self.sampling.temperature:
+            return f"temperature {group.temperature}, the run samples at {self.sampling.temperature}"
+        longest = max((len(r.completion_ids) for r in group.rollouts), default=0)
+        if not self.cfg.task.environment and longest > self.sampling.max_tokens:
+            return f"a completion of {longest} tokens, sampling.max_tokens is {self.sampling.max_tokens}"
+        return None
 
     def accept_evaluation(self, msg, result: EvalResult) -> None:
         """An evaluation's answers go to the evaluator alone, once checked against its request."""

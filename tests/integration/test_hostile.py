@@ -281,6 +281,25 @@ def test_scheduler_dead_letters_a_group_of_another_size_than_asked(tmp_path, siz
     assert did in scheduler.in_flight and scheduler.groups_returned == 0
 
 
+@pytest.mark.parametrize("temperature, tokens, detail", [(0.7, 2, "temperature 0.7"), (1.0, 10_000, "10000 tokens")],
+                         ids=["another temperature", "past max_tokens"])
+def test_scheduler_dead_letters_a_group_not_sampled_as_asked(tmp_path, temperature, tokens, detail):
+    """A group at another temperature, or with a completion longer than sampling.max_tokens,
+    would spoil the whole batch it joined (the learner refuses mixed temperatures and rollouts
+    past the context): dead-lettered, and the dispatch stays in flight."""
+    run = Run(config(tmp_path))
+    scheduler = Scheduler(run.cfg, run.transport)
+    scheduler.step()
+    did, flight = next(iter(scheduler.in_flight.items()))
+    pid = scheduler.problems[flight.problem].id
+    rollouts = [Rollout([4] * tokens, [-0.1] * tokens, float(i % 2), "stop") for i in range(flight.group_size)]
+    run.inject(ROLLOUTS, RolloutGroup(did, pid, 0, "p", [1, 3], temperature, rollouts))
+    scheduler.step()
+    dead = run.dead()
+    assert [d.reason for d in dead] == ["not_as_asked"] and detail in dead[0].detail
+    assert did in scheduler.in_flight and scheduler.groups_returned == 0
+
+
 def test_scheduler_dead_letters_a_group_for_another_problem_than_its_dispatch(tmp_path):
     """A result is counted and trained under its dispatch's problem: one that names another
     problem (its prompt and rewards are that problem's) is dead-lettered, and the dispatch stays
