@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import concurrent.futures
 import inspect
 import json
 import math

@@ -333,7 +333,8 @@ class Producer(Service):
         gen_s = (time.perf_counter() - t0) / len(ok)
         t1 = time.perf_counter()
         texts = [[self.backend.decode(c.token_ids) for c in completions] for completions in results]
-        rewards = iter(self.reward.many([t for ts in texts for t in ts], [d.answer for (d, _), ts in zip(ok, texts) for _ in ts]))
+        answers = [d.answer for (d, _), ts in zip(ok, texts) for _ in ts]
+        rewards = iter(self.reward.many([t for ts in texts for t in ts], answers))
         reward_s = (time.perf_counter() - t1) / len(ok)
         for (d, prompt_ids), completions, ts in zip(ok, results, texts):
             rollouts = [Rollout(c.token_ids, c.logprobs, next(rewards), c.finish_reason, t) for c, t in zip(completions, ts)]
