@@ -22,7 +22,7 @@ import structlog
 
 from prl.errors import raised_at
 from prl.logs import Recurring
-from prl.timed import TimedCalls
+from prl.timed import MAX_STUCK, TimedCalls
 
 RewardFn = Callable[[str, str], float]
 REWARD_TIMEOUT_S = 10.0
@@ -119,7 +119,8 @@ class RewardRunner:
 
     def timed_out(self) -> float:
         self.timeouts += 1
-        self.failed("timeout", reward=self.name, error=f"ran past {self.timeout_s:g} s; scored 0")
+        self.failed("timeout", reward=self.name, error=f"ran past {self.timeout_s:g} s, or did not start while "
+                                                      f"{MAX_STUCK} such calls still ran; scored 0")
         return 0.0
 
     def close(self) -> None:

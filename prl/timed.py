@@ -5,7 +5,9 @@ within a time limit: a call that raises is the caller's to judge, one that hangs
 ``timeout_s`` at most, so no call is waited on longer, and one whose wait on something outside
 (a judge model's API, a sandbox, a tool) is most of its time goes ``workers`` times faster than
 one call at a time. A wave with a call still running at its limit leaves that thread behind;
-the next wave gets fresh ones.
+the next wave gets fresh ones. While MAX_STUCK calls left behind are still running (a judge
+that stopped answering), no call starts: each is reported as past its limit at once, so an
+outage costs neither unbounded threads nor ``timeout_s`` a wave.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Callable
 
+MAX_STUCK = 64  # calls left running past their limit before no new one starts
+
 
 class TimedCalls:
     def __init__(self, workers: int, name: str):
         self.workers, self.name = workers, name
         self.pool = self.new_pool()
+        self.stuck: list[concurrent.futures.Future] = []  # calls left behind, still running
 
     def new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         return concurrent.futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=self.name)
@@ -27,9 +32,14 @@ class TimedCalls:
         result or exception), or None where it ran past ``timeout_s``."""
         out: list[concurrent.futures.Future | None] = []
         for lo in range(0, len(calls), self.workers):
+            self.stuck = [f for f in self.stuck if not f.done()]
+            if len(self.stuck) >= MAX_STUCK:
+                out += [None] * len(calls[lo:lo + self.workers])
+                continue
             wave = [self.pool.submit(fn, *args) for fn, args in calls[lo:lo + self.workers]]
             done, late = concurrent.futures.wait(wave, timeout=timeout_s)
             if late:  # the stuck calls keep their threads; the next wave gets fresh ones
+                self.stuck += late
                 self.pool.shutdown(wait=False, cancel_futures=True)
                 self.pool = self.new_pool()
             out += [f if f in done else None for f in wave]
