@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from prl.errors import raised_at
-from prl.timed import MAX_STUCK, TimedCalls
+from prl.timed import TimedCalls, past_limit
 
 ENV_TIMEOUT_S = 10.0  # one reset or step call, at most
 Messages = list[dict]
@@ -245,8 +245,7 @@ class Guard:
 
     def outcome(self, future, fn):
         if future is None:
-            return EpisodeFault("env_timeout", f"{getattr(fn, '__qualname__', fn)} ran past {self.timeout_s:g} s, or did "
-                                               f"not start while {MAX_STUCK} such calls still ran")
+            return EpisodeFault("env_timeout", f"{getattr(fn, '__qualname__', fn)} {past_limit(self.timeout_s)}")
         try:
             return future.result()
         except EpisodeFault as fault:

@@ -22,7 +22,7 @@ import structlog
 
 from prl.errors import raised_at
 from prl.logs import Recurring
-from prl.timed import MAX_STUCK, TimedCalls
+from prl.timed import TimedCalls, past_limit
 
 RewardFn = Callable[[str, str], float]
 REWARD_TIMEOUT_S = 10.0
@@ -119,8 +119,7 @@ class RewardRunner:
 
     def timed_out(self) -> float:
         self.timeouts += 1
-        self.failed("timeout", reward=self.name, error=f"ran past {self.timeout_s:g} s, or did not start while "
-                                                      f"{MAX_STUCK} such calls still ran; scored 0")
+        self.failed("timeout", reward=self.name, error=f"{past_limit(self.timeout_s)}; scored 0")
         return 0.0
 
     def close(self) -> None:

@@ -18,6 +18,11 @@ from typing import Callable
 MAX_STUCK = 64  # calls left running past their limit before no new one starts
 
 
+def past_limit(timeout_s: float) -> str:
+    """What a call ``run`` reports as None went through."""
+    return f"ran past {timeout_s:g} s, or did not start while {MAX_STUCK} such calls still ran"
+
+
 class TimedCalls:
     def __init__(self, workers: int, name: str):
         self.workers, self.name = workers, name
