@@ -37,6 +37,7 @@ import numpy as np
 from prl import epochs
 from prl.ending import declare_finished
 from prl.errors import one_line
+from prl.logs import Recurring
 from prl.metrics import latency_bucket
 from prl.service import Service, ServiceStopped
 from prl.trust import version_problem
@@ -153,6 +154,7 @@ class Scheduler(Service):
         self.unacked: list[float] = []  # when each dispatch sent since the last flush was issued
         self.coords: dict[str, tuple[str, int, int]] = {}  # dispatch id -> its group's message (claim-check)
         self.retired_reasons: dict[str, str] = {}  # error kind -> its latest message
+        self.warn_retired = Recurring(self.log, "problem_retired")  # a dataset the model cannot serve: 3 lines, not 1,000
         self.fresh: list[RolloutGroup] = []
         self.unpublished: TrainBatch | None = None  # composed and snapshotted, not yet sent
         self.unpublished_stored = True  # the newest snapshot holds it (one that failed is written again before it is sent)
@@ -399,9 +401,10 @@ class Scheduler(Service):
     def retire(self, problem: int, reason: str) -> None:
         """Never dispatch ``problem`` again, for ``reason`` (its kind, a colon, then what to do)."""
         self.count("problems_retired")
-        self.retired_reasons[reason.split(":", 1)[0]] = reason
+        kind = reason.split(":", 1)[0]
+        self.retired_reasons[kind] = reason
         self.sampler.retire(problem)
-        self.log.warning("problem_retired", problem_id=self.problems[problem].id, error=reason)
+        self.warn_retired(kind, problem_id=self.problems[problem].id, error=reason)
 
     def publish_batches(self) -> None:
         cfg = self.cfg.scheduler

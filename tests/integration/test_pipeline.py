@@ -474,7 +474,8 @@ def write_problems(path, rows):
 def test_prl_run_says_why_when_no_problem_can_be_served_and_exits(tmp_path, capsys, case):
     """Every problem retired by the producers (a chat prompt for a model without a chat
     template, or prompts too long for its context): one line saying so, non-zero exit,
-    within seconds, instead of waiting forever."""
+    within seconds, instead of waiting forever; the warnings before it do not flood the console
+    with a line per problem (the 1st and the 10th)."""
     import time
 
     from prl.cli import main
@@ -486,8 +487,10 @@ def test_prl_run_says_why_when_no_problem_can_be_served_and_exits(tmp_path, caps
     train = write_problems(tmp_path / "train.jsonl", rows)
     t0 = time.monotonic()
     code = main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", f"task.train_path={json.dumps(train)}"])
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    lines = capsys.readouterr().err.strip().splitlines()
+    err = lines[-1]
     assert code == 2 and time.monotonic() - t0 < 60
+    assert sum("problem_retired" in line for line in lines) == 2
     assert err.startswith("prl run: no problem can be dispatched: producers could not serve 40 of 40")
     assert ("NoChatTemplate" if case.startswith("chat") else "PromptTooLong") in err
 
