@@ -147,8 +147,7 @@ class Scheduler(Service):
         self.observe_signal = "signal" in inspect.signature(self.sampler.observe_many).parameters
         self.zero_variance_filter = bool(getattr(self.sampler, "zero_variance_filter", False))
         self.dynamic_sampling = bool(getattr(self.sampler, "dynamic_sampling", False))
-        s = cfg.sampling
-        self.sampling = Sampling(s.temperature, 1.0, s.max_tokens, [])
+        self.sampling = Sampling(cfg.sampling.temperature, 1.0, cfg.sampling.max_tokens, [])
         self.in_flight: dict[str, InFlight] = {}
         self.superseded: dict[str, str] = {}  # timed-out dispatch id -> the one issued in its place (a late answer is used)
         self.unacked: list[float] = []  # when each dispatch sent since the last flush was issued

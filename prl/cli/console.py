@@ -19,8 +19,10 @@ class Console:
     (``max_seconds``, `prl run --max-minutes`), seconds toward that bound with the step beside it."""
 
     def __init__(self, total_steps: int, first_step: int, fmt: str = "console", enabled: bool = True,
-                 max_seconds: float | None = None, rollouts_before: int = 0):
-        """``rollouts_before``: what the run had generated before this process (a continued run)."""
+                 max_seconds: float | None = None, rollouts_before: int = 0, evaluated_before: tuple[int, ...] = ()):
+        """``rollouts_before``, ``evaluated_before``: what the run had generated, and the versions
+        whose evaluation it had shown, before this process (a continued run): the figures a line
+        gives beside an accuracy are of its moment, which is past."""
         self.fmt, self.enabled, self.total_steps, self.max_seconds = fmt, enabled, total_steps, max_seconds
         self.rollouts_before = rollouts_before
         self.bar = None
@@ -33,7 +35,7 @@ class Console:
             else:
                 bar = dict(total=total_steps, initial=first_step, desc="learner steps", unit="step")
             self.bar = tqdm(**bar, dynamic_ncols=True, file=sys.stderr)
-        self.shown: set[int] = set()  # versions whose evaluation line was shown
+        self.shown: set[int] = set(evaluated_before)  # versions whose evaluation line was shown
         self.mismatch = None  # (KL, step): the newest engine-trainer mismatch; only a step with age-0 rollouts measures it
         self.t0 = self.last_line_at = time.perf_counter()
 

@@ -108,7 +108,8 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     first_step = learner.version  # a continued run starts past 0
     background = Background([scheduler, producer])
     console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress, max_seconds=max_seconds,
-                      rollouts_before=scheduler.rollouts_generated)
+                      rollouts_before=scheduler.rollouts_generated,
+                      evaluated_before=tuple(e.version for e in scheduler.evaluator.done()))
     console.t0 = budget.t0  # the wall time counts from the start, model loading included
     stop = stop or threading.Event()
     try:

@@ -159,3 +159,20 @@ def test_before_any_step_a_line_shows_no_reward_or_zero_signal_share(capsys):
     console.update(learner, scheduler)
     [line] = capsys.readouterr().err.splitlines()
     assert line.split() == ["step", "0", "rollouts", "0", "(0/s)", "held-out", "0.332", "replay", "0.00", "stale", "0"]
+
+
+def test_a_continued_run_does_not_show_again_the_evaluations_of_the_run_before(capsys):
+    """Continued, `prl run` showed every earlier evaluation again, each beside the reward, entropy
+    and replay share of now ('step 0 ... reward 0.429 ... replay 0.33'): only its own are shown."""
+    from types import SimpleNamespace
+
+    from prl.cli.console import Console
+
+    done = [SimpleNamespace(version=v, rollouts_generated=100 * v, started_at=time.time(), figures={"accuracy": 0.5})
+            for v in (0, 10, 20, 30)]
+    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
+                                groups_with_signal=6, counters={})
+    learner = SimpleNamespace(counters={}, version=30, last_stats={"mean_reward": 0.4})
+    console = Console(40, 20, fmt="json", rollouts_before=2000, evaluated_before=(0, 10, 20))
+    console.update(learner, scheduler)
+    assert [json.loads(line)["step"] for line in capsys.readouterr().err.splitlines()] == [30]
