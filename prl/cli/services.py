@@ -22,10 +22,6 @@ def command(args, cfg) -> int:
     if cfg.task.environment:
         limit_heap_fragmentation()
     check_writable(cfg.run.run_dir)
-    if name == "learner":  # the run's owner: commands given its directory alone start from this config
-        from prl.cli import keep_config
-
-        keep_config(cfg)
     offline = name == "learner" and args.batches_from  # trains from a file: no broker needed
     transport = MemoryTransport() if offline else make_transport(cfg.transport)
     transport.ensure_topics(cfg.run.name)
@@ -36,6 +32,10 @@ def command(args, cfg) -> int:
     filename = f"metrics-{name}-{args.id}.jsonl" if name == "producer" else f"metrics-{name}.jsonl"
     metrics = MetricsSink(cfg.run.run_dir, filename=filename, trackers=make_trackers(cfg, name))
     service = make_service(name, cfg, transport, metrics, args)
+    if name == "learner":  # the run's owner, once it started: commands given its directory alone start from this config
+        from prl.cli import keep_config
+
+        keep_config(cfg)
     try:
         with Interrupt(json_lines=cfg.run.log_format == "json") as interrupt:  # a second Ctrl-C stops at once
             service.run(interrupt.event, http=args.http or "", when_finished=args.when_finished)
