@@ -40,12 +40,22 @@ def difficulty(problem_id: str) -> str:
     return problem_id.split(":", 1)[0]
 
 
+def served_outcomes(uri: str) -> list[GroupOutcome]:
+    """The archive's served groups; an archive of none is one line: nothing to read in it."""
+    from prl.errors import UsageError
+
+    if not (groups := read_outcomes(uri)):
+        raise UsageError(f"the archive under {uri} holds no served rollout group, only problems the producers could "
+                         "not serve (the run's prl.log says why): nothing to replay")
+    return groups
+
+
 # -- report ----------------------------------------------------------------------------------
 def report(uri: str, out_dir: str) -> dict:
     """PNGs under ``out_dir`` and a per-version table (returned and printed by the CLI)."""
     from prl import plots
 
-    groups = read_outcomes(uri)
+    groups = served_outcomes(uri)
     ages = np.asarray([g.learner_version - g.policy_version for g in groups])
     by_version: dict[int, list[GroupOutcome]] = defaultdict(list)
     for g in groups:
@@ -147,7 +157,7 @@ def whatif(cfg, uri: str, out_dir: str | None, strategies=BUILTIN_STRATEGIES, ro
     """Each strategy (at the run's other settings) chooses problems from the archived ones; the
     outcome of a choice is the problem's next archived group (cycling). Counts what each chose
     and what it spent on zero-signal groups."""
-    groups = read_outcomes(uri)
+    groups = served_outcomes(uri)
     outcomes: dict[str, list[list[float]]] = defaultdict(list)
     for g in groups:
         outcomes[g.problem_id].append(g.rewards)
@@ -286,6 +296,9 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
         path = f"{tmp}/batches.arrow"
         with _progress(len(groups), "batches", progress) as bar:
             batches = write_batches(path, to_batches(counted(groups, bar), cfg))
+        if not batches:
+            raise UsageError(f"no group of the archive under {uri} has a reward signal (rewards that differ): "
+                             "nothing to train")
         cfg = cfg.model_copy(update={
             "run": cfg.run.model_copy(update={"run_dir": out_dir}),
             "learner": cfg.learner.model_copy(update={"max_steps": max(1, batches)})})

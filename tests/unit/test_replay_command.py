@@ -33,6 +33,25 @@ def test_report_and_whatif_print_draw_and_write_json(tmp_path, capsys, archive, 
     assert all((out / png).stat().st_size > 0 for png in pngs)
 
 
+@pytest.mark.parametrize("action, line", [
+    ("report", "holds no served rollout group"), ("whatif", "holds no served rollout group"),
+    ("train", "has a reward signal (rewards that differ): nothing to train"),
+])
+def test_an_archive_of_problems_nobody_could_serve_is_one_line(tmp_path, capsys, action, line):
+    """A run whose every problem was retired (chat prompts for a model without a chat template)
+    archives error groups only: report drew empty plots, whatif raised ValueError, train trained 0
+    steps and named an empty checkpoint."""
+    from dataclasses import replace
+
+    writer = RolloutArchive(str(tmp_path / "archive"))
+    for g in make_groups(8):
+        writer.add(replace(g, rollouts=[], error="NoChatTemplate: chat prompt"), learner_version=0)
+    writer.close()
+    assert main(["replay", action, str(tmp_path / "archive"), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert line in err and "Traceback" not in err and not (tmp_path / "out" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("argv, line", [
     (["replay", "publish", "--rate", "-1"], "argument --rate: '-1' is not a number >= 0"),
     (["run", "--max-steps", "0"], "argument --max-steps: '0' is not a whole number >= 1"),
