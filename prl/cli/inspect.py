@@ -126,7 +126,7 @@ class TailFilter:
             return False
         rewards = getattr(record, "rewards", None)
         if rewards is not None and (self.min_reward is not None or self.max_reward is not None):
-            mean = sum(rewards) / len(rewards) if rewards else 0.0
+            mean = sum(rewards) / len(rewards) if len(rewards) else 0.0
             if (self.min_reward is not None and mean < self.min_reward) or (self.max_reward is not None and mean > self.max_reward):
                 return False
         return True
@@ -134,6 +134,8 @@ class TailFilter:
 
 BRIEF = {"prompt_ids", "completion_ids", "logprobs", "generate_seconds", "reward_seconds", "created_at", "issued_at",
          "original", "sampling"}
+# fields named like a row's own keys: a dead letter's source partition and offset, a version's weights
+RENAMED = {"kind": "weights", "partition": "source_partition", "offset": "source_offset"}
 
 
 def describe(record, brief: bool = False) -> dict:
@@ -141,8 +143,9 @@ def describe(record, brief: bool = False) -> dict:
     fields people scan for, floats rounded)."""
     out = {"kind": record.KIND}
     for name, value in vars(record).items():
-        if brief and (name in BRIEF or value in ("", None)):
+        if brief and (name in BRIEF or value is None or (isinstance(value, str) and not value)):
             continue
+        name = RENAMED.get(name, name)
         if isinstance(value, float):
             value = round(value, 4)
         if name == "rollouts":
