@@ -105,6 +105,9 @@ def format_topics(rows: list[TopicRow]) -> str:
 
 
 # -- tail -----------------------------------------------------------------------------------
+FOLLOW_SUMMARY_S = 10.0  # --follow --summary: the summary so far, this often
+
+
 @dataclass
 class TailFilter:
     problem: str | None = None
@@ -220,7 +223,7 @@ def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool
     name = tail_topic(cfg.run.name, topic)
     consumer = _consumer(cfg.transport.kafka)
     shown = 0
-    stats = Summary()
+    stats, said_at = Summary(), time.monotonic()
     try:
         tps = _position(consumer, name, from_beginning)
         while True:
@@ -237,8 +240,9 @@ def tail(cfg, topic: str, *, flt: TailFilter, from_beginning: bool, follow: bool
             if not follow and all(consumer.position(tp) >= consumer.highwater(tp) for tp in tps
                                   if consumer.highwater(tp) is not None):
                 break
-            if follow and summary and not batches:
+            if follow and summary and time.monotonic() - said_at >= FOLLOW_SUMMARY_S:
                 print(stats.render(), file=out)
+                said_at = time.monotonic()
         return shown
     finally:
         if summary:

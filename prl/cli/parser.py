@@ -146,7 +146,7 @@ def add_inspect(sub) -> None:
     tail.add_argument("--from-beginning", action="store_true", help="start at the oldest message (default: the end)")
     tail.add_argument("--follow", "-f", action="store_true", help="keep waiting for new messages")
     tail.add_argument("--json", action="store_true", help="JSON lines instead of a table")
-    tail.add_argument("--summary", action="store_true", help="rate, mean reward and version lag per producer only")
+    tail.add_argument("--summary", action="store_true", help="rate, mean reward and version lag per producer only (with --follow, every 10 s)")
     tail.add_argument("--limit", type=count, help="stop after this many shown messages")
     tail.add_argument("--problem", help="only this problem id")
     tail.add_argument("--producer", help="only this producer id")

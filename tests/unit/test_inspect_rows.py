@@ -28,3 +28,54 @@ def test_every_record_kind_off_the_wire_makes_a_row(record):
     assert (row["partition"], row["offset"], row["kind"]) == (0, 7, record.KIND)
     assert format_row(row).startswith(f"0:7       {record.KIND}")
     assert json.loads(json.dumps({"partition": 0, "offset": 7, **describe(wire)}, default=str))["kind"] == record.KIND
+
+
+class IdleTopic:
+    """A consumer of a one-partition topic where nothing new comes: ``polls`` empty polls,
+    then Ctrl-C."""
+
+    def __init__(self, polls: int):
+        self.polls = polls
+
+    def partitions_for_topic(self, name):
+        return {0}
+
+    def assign(self, tps):
+        pass
+
+    def seek_to_beginning(self, *tps):
+        pass
+
+    def seek(self, tp, offset):
+        pass
+
+    def highwater(self, tp):
+        return 0
+
+    def position(self, tp):
+        return 0
+
+    def poll(self, timeout_ms, max_records):
+        self.polls -= 1
+        if self.polls < 0:
+            raise KeyboardInterrupt
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_following_a_quiet_topic_prints_its_summary_every_few_seconds_not_every_poll(monkeypatch):
+    """`--follow --summary` printed the summary after every empty poll: two lines a second of
+    'messages: {}' while the topic was quiet."""
+    import io
+
+    from prl.cli import inspect
+    from prl.schemas.config import load_config
+
+    monkeypatch.setattr(inspect, "_consumer", lambda cfg: IdleTopic(polls=200))
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        inspect.tail(load_config(None, []), "rollouts", flt=TailFilter(), from_beginning=False, follow=True,
+                     as_json=False, summary=True, limit=None, out=out)
+    assert out.getvalue().count("messages: {}") == 1  # when it stopped: the 200 polls took less than FOLLOW_SUMMARY_S
