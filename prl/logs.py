@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -68,6 +69,17 @@ class Recurring:
         self.counts[kind] += 1
         if str(self.counts[kind]).rstrip("0") == "1":
             self.log.warning(self.event, kind=kind, count=self.counts[kind], **fields)
+
+
+def failure_line(where: str, message: str, fmt: str) -> str:
+    """The one line a command that stops on a mistake a person can fix ends with: ``where:
+    message``, or with ``json`` a JSON object like every other line of a pod's log."""
+    if fmt != "json":
+        return f"{where}: {message}"
+    from datetime import datetime, timezone
+
+    now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return json.dumps({"event": "command_failed", "level": "error", "logger": where, "timestamp": now, "error": message})
 
 
 THIRD_PARTY = (*LIBRARIES, "py.warnings", "torch", "peft", "accelerate", "matplotlib", "PIL")

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     (``--debug`` shows the traceback). ``kill -USR1`` prints where every thread is to stderr."""
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     args = build_parser().parse_args(argv)
+    args.log_lines = getattr(args, "log_format", None) or "console"  # the config's, once it is read
     try:
         code = dispatch(args)
         sys.stdout.flush()  # a reader that left (`prl ... | head`) is met here, not at exit
@@ -101,11 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE  # what a shell reports for a Unix tool whose reader left
     except Exception as exc:
         from prl.errors import one_line
+        from prl.logs import failure_line
 
         if getattr(args, "debug", False) or not fixable(exc):
             raise
         where = " ".join(filter(None, ["prl", args.command, getattr(args, "action", None)]))
-        print(f"{where}: {one_line(exc)}", file=sys.stderr)
+        print(failure_line(where, one_line(exc), args.log_lines), file=sys.stderr)
         return 2
 
 
@@ -160,6 +162,7 @@ def dispatch(args) -> int:
 
         return prepare.command(args)
     cfg = load(args)
+    args.log_lines = cfg.run.log_format
     configure_logs(args, cfg)
     if args.command == "config":
         from prl.schemas.config import dump_toml

@@ -37,3 +37,21 @@ def test_output_piped_to_a_reader_that_left_ends_quietly():
     finally:
         os.close(write)
     assert done.stderr == "" and done.returncode == 141
+
+
+
+@pytest.mark.parametrize("how", ["config", "flag"])
+def test_with_json_logs_the_line_a_command_stops_on_is_json_too(tmp_path, capsys, how):
+    """A pod logging JSON ended, on a mistake, with one plain line its log pipeline could not
+    parse; the format comes from the config (a pod's) or from --log-format."""
+    import json
+
+    if how == "config":
+        argv, where, error = ["inspect", "tail", "nosuch", "--set", 'run.log_format="json"'], "prl inspect tail", "unknown topic kind"
+    else:
+        argv = ["run", "--log-format", "json", "--run-dir", str(tmp_path), "--set", 'producer.reward="nomodule:score"']
+        where, error = "prl run", "cannot import nomodule"
+    code = main(argv)
+    line = json.loads(capsys.readouterr().err.splitlines()[-1])
+    assert code == 2 and line["event"] == "command_failed" and line["level"] == "error"
+    assert line["logger"] == where and error in line["error"]
