@@ -34,9 +34,14 @@ CHUNK = 64  # held-out problems per EvalRequest: one generation call of a produc
 MAX_ATTEMPTS = 3  # sends of one request before its version is reported incomplete
 
 
+def answers_dir(run_dir: str) -> str:
+    """Where every evaluation's answers are written, a file per version."""
+    return f"{run_dir.rstrip('/')}/evaluations"
+
+
 def answers_uri(run_dir: str, version: int) -> str:
     """Where the answers of ``version``'s evaluation are written."""
-    return f"{run_dir.rstrip('/')}/evaluations/step-{version:08d}.jsonl"
+    return f"{answers_dir(run_dir)}/step-{version:08d}.jsonl"
 
 
 @dataclass

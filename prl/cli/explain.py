@@ -10,6 +10,7 @@ from prl.errors import UsageError
 from prl.formulas import group_advantages, has_signal, rollout_age
 from prl.scheduler.priority import RETEST_CAP, RETEST_SHARE, STATES, UNSEEN_SHARE, PrioritySampler
 
+HELDOUT_SHOWN = 12  # a held-out problem's answers shown: the newest evaluations'
 
 
 def command(args, cfg) -> int:
@@ -28,7 +29,7 @@ def close_ids(problem_id: str, ids: list[str]) -> str:
 def explain(cfg, problem_id: str) -> str:
     from prl.scheduler.samplers import make_sampler
     from prl.scheduler.snapshot import read_snapshot
-    from prl.tasks import group_indices, train_problems
+    from prl.tasks import group_indices, heldout_problems, train_problems
 
     problems = train_problems(cfg.task)
     names, labels = group_indices(problems)
@@ -37,6 +38,8 @@ def explain(cfg, problem_id: str) -> str:
     if snap is None:  # a wrong --run-dir first: it is the likelier mistake
         raise UsageError(f"no scheduler snapshot under {cfg.run.run_dir}/scheduler yet: is --run-dir the run's directory?")
     index = {p.id: i for i, p in enumerate(problems)}
+    if problem_id in {p.id for p in heldout_problems(cfg.task)}:
+        return "\n".join(heldout_history(cfg.run.run_dir, problem_id, cfg.task.success_threshold))
     if problem_id not in index:
         raise UsageError(f"{problem_id!r} is not a training problem of this run's task ({close_ids(problem_id, list(index))})")
     state, fresh, replay, _ = snap
@@ -47,6 +50,32 @@ def explain(cfg, problem_id: str) -> str:
     lines += why(sampler, i, cfg) if isinstance(sampler, PrioritySampler) else why_uniform(sampler, i, cfg.scheduler.strategy)
     lines += history(cfg, problem_id, state["learner_version"], replay)
     return "\n".join(lines)
+
+
+def heldout_history(run_dir: str, problem_id: str, threshold: float, shown: int = HELDOUT_SHOWN) -> list[str]:
+    """A held-out problem: never trained; its greedy answer at each evaluated version, newest
+    last (the last ``shown`` of them), from <run_dir>/evaluations/; solved: a reward of at
+    least ``threshold`` (task.success_threshold)."""
+    import json
+
+    import fsspec
+
+    from prl.scheduler.evaluation import answers_dir
+
+    fs, root = fsspec.core.url_to_fs(answers_dir(run_dir))
+    answers = []
+    for path in sorted(fs.glob(f"{root}/step-*.jsonl")):
+        with fs.open(path, "r") as f:
+            row = next((r for r in map(json.loads, f) if r["problem_id"] == problem_id), None)
+        if row is not None:
+            answers.append((int(path.rsplit("-", 1)[1].split(".")[0]), row))
+    head = f"{problem_id} is a held-out problem: evaluated greedily by the fleet, never trained"
+    if not answers:
+        return [head, "  no evaluation written yet (<run_dir>/evaluations/)"]
+    solved = sum(row["reward"] >= threshold for _, row in answers)
+    lines = [head, f"  answer {answers[0][1]['answer']!r}; solved at {solved} of {len(answers)} evaluated versions"
+             + (f"; the last {shown}:" if len(answers) > shown else ":")]
+    return lines + [f"    v{v}: reward {row['reward']:g}: " + " ".join(row["text"].split())[:160] for v, row in answers[-shown:]]
 
 
 def why_uniform(s, i: int, strategy: str) -> list[str]:

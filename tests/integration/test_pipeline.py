@@ -522,7 +522,8 @@ def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys
     import pyarrow.dataset as ds
 
     from prl.cli import main
-    from prl.tasks import addition
+    from prl.schemas.config import load_config
+    from prl.tasks import addition, heldout_problems
 
     run = str(tmp_path / "run")
     prior_set = ["--set", "task.group_field='difficulty'"] if label else []
@@ -540,6 +541,9 @@ def test_explain_says_why_for_a_tried_and_a_never_tried_problem(tmp_path, capsys
     assert "never tried" in out and "no archived group" in out
     assert main(["explain", archived[0] + "x", "--run-dir", run, *prior_set]) == 2  # mistyped: the id meant is named
     assert f"is not a training problem of this run's task (did you mean {archived[0]!r}" in capsys.readouterr().err
+    heldout = heldout_problems(load_config(None, []).task)[0].id
+    assert main(["explain", heldout, "--run-dir", run, *prior_set]) == 0
+    assert capsys.readouterr().out.startswith(f"{heldout} is a held-out problem: evaluated greedily by the fleet, never trained")
 
 
 @pytest.mark.parametrize("claim_check", [False, True])
