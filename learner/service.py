@@ -34,6 +34,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,7 @@ from prl.learner import checkpoint, distributed
 from prl.learner.sources import FileSource, GroupCache, TopicSource, resolve_batch
 from prl.learner.train import make_optimizer, train_step
 from prl import storage
+from prl.errors import one_line
 from prl.devices import bf16_autocast_on, choose_device, memory_bytes, native_bf16
 from prl.formulas import rollout_age
 from prl.models import context_length, export_state, load_model, load_state, load_tokenizer, lora_config, resolve_model_dir
@@ -81,6 +83,17 @@ class Checkpointing:
     files: Future  # -> {file name: checksum} of this rank's files
     positions: dict | None  # the batch offsets it covers (the main rank's), committed once it is the latest
     started: float
+
+
+@contextmanager
+def fitting(ckpt):
+    """Loading ``ckpt`` into this learner's model and optimizer: a checkpoint that does not fit
+    them (the run continued with another model.path or learner.lora_rank) is one line."""
+    try:
+        yield
+    except (ValueError, RuntimeError, KeyError) as exc:
+        raise ServiceStopped(f"{ckpt.uri} does not fit this model ({one_line(exc)[:200]}): continue the run with the "
+                             "model.path and learner.lora_rank it started with, or give a new run_dir") from None
 
 
 MEMORY_FIX = "train a LoRA adapter (learner.lora_rank), or shard the learner over more GPUs (torchrun, deploy/k8s/README)"
@@ -174,10 +187,11 @@ class Learner(Service):
         """Weights from the latest checkpoint (into the whole model), then FSDP sharding, then
         the optimizer and its state (re-sharded for this run's ranks)."""
         ckpt = checkpoint.newest_checkpoint(self.cfg.run.run_dir)
-        if self.lora:
-            self.wrap_lora(ckpt)
-        elif ckpt is not None:
-            load_state(self.model, ckpt.weights)
+        with fitting(ckpt):
+            if self.lora:
+                self.wrap_lora(ckpt)
+            elif ckpt is not None:
+                load_state(self.model, ckpt.weights)
         self.model.to(self.device)  # before sharding and the optimizer: both follow the parameters
         if self.dist is not None:
             distributed.shard(self.model, self.dist, self.cfg.learner.activation_checkpointing)
@@ -185,7 +199,8 @@ class Learner(Service):
             self.model.gradient_checkpointing_enable()
         self.optimizer = make_optimizer(self.model, self.cfg.learner)
         if ckpt is not None:
-            checkpoint.load_optimizer(ckpt, self.optimizer, self.dist)
+            with fitting(ckpt):
+                checkpoint.load_optimizer(ckpt, self.optimizer, self.dist)
             for group in self.optimizer.param_groups:  # the configured rate, whatever the checkpoint's was
                 group["lr"] = self.cfg.learner.lr
             state = ckpt.state

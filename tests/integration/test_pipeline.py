@@ -971,3 +971,19 @@ def test_a_start_that_fails_leaves_the_run_directorys_config_as_it_was(tmp_path,
     kept = (tmp_path / "run" / "config.toml").read_text()
     assert main(argv[:-4] + ["--max-steps", "2", "--set", 'model.path="/nowhere"']) == 2
     assert (tmp_path / "run" / "config.toml").read_text() == kept
+
+
+@pytest.mark.parametrize("change", ["learner.lora_rank=8", "learner.lora_rank=0"])
+def test_a_run_continued_with_a_checkpoint_that_does_not_fit_is_one_line(tmp_path, capsys, change):
+    """Continued with another learner.lora_rank (or model.path), the learner's checkpoint does not
+    fit its model or optimizer: that was a traceback from load_state or from torch's optimizer."""
+    from prl.cli import main
+
+    argv = ["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", "learner.eval_every=0"]
+    first = "learner.lora_rank=0" if change.endswith("=8") else "learner.lora_rank=8"
+    assert main(argv + ["--max-steps", "2", "--set", first]) == 0
+    capsys.readouterr()
+    assert main(argv + ["--max-steps", "4", "--set", change]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"prl run: {tmp_path / 'run'}/checkpoints/step-00000002 does not fit this model (")
+    assert err.endswith("continue the run with the model.path and learner.lora_rank it started with, or give a new run_dir")
