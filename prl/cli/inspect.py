@@ -136,7 +136,7 @@ class TailFilter:
 
 
 BRIEF = {"prompt_ids", "completion_ids", "logprobs", "generate_seconds", "reward_seconds", "created_at", "issued_at",
-         "original", "sampling"}
+         "original", "sampling", "problem_ids", "texts"}
 # fields named like a row's own keys: a dead letter's source partition and offset, a version's weights
 RENAMED = {"kind": "weights", "partition": "source_partition", "offset": "source_offset"}
 
@@ -162,6 +162,11 @@ def describe(record, brief: bool = False) -> dict:
                 out["finish"] = dict(Counter(r.finish_reason for r in value))
             if texts:
                 out["first_text"] = texts[0][: 200 if turns else 40]
+        elif name == "problems":  # an evaluation request's held-out problems
+            out["problems"] = len(value)
+        elif name == "rewards":  # an evaluation's answers: one per held-out problem
+            out["answered"] = len(value)
+            out["mean_reward"] = round(float(np.mean(value)), 4) if len(value) else None
         elif isinstance(value, bytes):
             out[name] = f"<{len(value)} bytes>"
         elif isinstance(value, (list, np.ndarray)) and len(value) > 8:

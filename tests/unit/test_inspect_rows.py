@@ -26,6 +26,8 @@ def test_every_record_kind_off_the_wire_makes_a_row(record):
     TailFilter(min_reward=0.5, min_version=1).keep(wire)
     row = {"partition": 0, "offset": 7, **describe(wire, brief=True)}
     assert (row["partition"], row["offset"], row["kind"]) == (0, 7, record.KIND)
+    if record.KIND == "eval_result":
+        assert (row["answered"], row["mean_reward"]) == ((3, 0.6667) if record.rewards else (0, None))
     assert format_row(row).startswith(f"0:7       {record.KIND}")
     assert json.loads(json.dumps({"partition": 0, "offset": 7, **describe(wire)}, default=str))["kind"] == record.KIND
 
