@@ -73,7 +73,9 @@ def heldout_history(run_dir: str, problem_id: str, threshold: float, shown: int 
     if not answers:
         return [head, "  no evaluation written yet (<run_dir>/evaluations/)"]
     solved = sum(row["reward"] >= threshold for _, row in answers)
-    lines = [head, f"  answer {answers[0][1]['answer']!r}; solved at {solved} of {len(answers)} evaluated versions"
+    answer = answers[0][1]["answer"]
+    answer = answer if len(answer) <= 80 else answer[:77] + "..."  # a reasoning-gym answer is its whole entry, as JSON
+    lines = [head, f"  answer {answer!r}; solved at {solved} of {len(answers)} evaluated versions"
              + (f"; the last {shown}:" if len(answers) > shown else ":")]
     return lines + [f"    v{v}: reward {row['reward']:g}: " + " ".join(row["text"].split())[:160] for v, row in answers[-shown:]]
 
