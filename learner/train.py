@@ -329,9 +329,11 @@ def step_metrics(s: dict[str, float], total_tokens: int,
                             f"{part}/tokens": int(n)})
     counts = np.array([s[f"age0/log_ratio_bin/{i}"] for i in range(len(LOG_RATIO_EDGES) + 1)])
     if counts.sum() > 0:
+        lo, hi = math.exp(-extremes[1]), math.exp(extremes[0])  # a bin's outer edge can lie past every ratio seen
         metrics.update({"mismatch/kl": metrics["age0/approx_kl"], "mismatch/ratio_mean": metrics["age0/ratio_mean"],
-                        "mismatch/ratio_min": math.exp(-extremes[1]), "mismatch/ratio_max": math.exp(extremes[0]),
-                        **{f"mismatch/ratio_q{q:g}": math.exp(log_ratio_quantile(counts, q)) for q in MISMATCH_QUANTILES}})
+                        "mismatch/ratio_min": lo, "mismatch/ratio_max": hi,
+                        **{f"mismatch/ratio_q{q:g}": min(max(math.exp(log_ratio_quantile(counts, q)), lo), hi)
+                           for q in MISMATCH_QUANTILES}})
     return metrics
 
 

@@ -264,6 +264,27 @@ def test_the_mismatch_is_measured_on_age_0_rollouts_alone():
     assert m["age0/tokens"] == sum(len(r.completion_ids) for r in fresh) and m["stale/tokens"] > 0
 
 
+def test_the_mismatch_quantiles_lie_between_the_smallest_and_largest_ratio():
+    """A mismatch far below the quantile bins' width (0.001 in log-ratio), as an fp32 engine's:
+    the quantiles were the bins' outer edges, q0.01 = 0.999 below the min of 0.99997."""
+    from prl.learner import train
+    from prl.models import load_model
+    from prl.schemas.config import LearnerConfig
+
+    model = load_model("builtin:tiny-adder", "float32")
+    rollouts = random_rollouts(4, seed=5)
+    with torch.no_grad():
+        own = train.token_logprobs(model, train.pack(rollouts))
+    shift = np.linspace(0, 3e-5, 64)
+    fresh = [dataclasses.replace(r, policy_version=7, is_replay=False,
+                                 logprobs=own[i, :len(r.completion_ids)].numpy() + shift[:len(r.completion_ids)])
+             for i, r in enumerate(rollouts)]
+    m = train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), fresh, LearnerConfig(), version=7)
+    quantiles = [m[f"mismatch/ratio_q{q:g}"] for q in train.MISMATCH_QUANTILES]
+    assert m["mismatch/ratio_min"] <= quantiles[0] and quantiles == sorted(quantiles)
+    assert quantiles[-1] <= m["mismatch/ratio_max"] <= 1 + 1e-6 and m["mismatch/ratio_min"] > math.exp(-4e-5)
+
+
 def test_a_steps_entropy_is_the_token_mean_of_the_policys_entropy_per_part():
     from prl.learner import train
     from prl.models import load_model
