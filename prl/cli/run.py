@@ -44,7 +44,6 @@ def command(args, cfg) -> int:
     if done is not None and done >= cfg.learner.max_steps:  # nothing to train: keep the finished run's summary
         raise UsageError(f"{cfg.run.run_dir} holds a checkpoint of step {done}, at or past learner.max_steps "
                          f"{cfg.learner.max_steps}: raise --max-steps to continue that run, or give a new --run-dir")
-    clear_outputs(cfg.run.run_dir)
     native_log = None if args.verbose else run_log(cfg.run.run_dir)  # torch's and vLLM's C++ warnings go there
     with Interrupt(json_lines=cfg.run.log_format == "json") as interrupt, logs.native_output_to(native_log):
         summary = run_pipeline(cfg, progress=not args.no_progress, stop=interrupt.event,
@@ -104,7 +103,8 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     metrics = MetricsSink(cfg.run.run_dir, trackers=make_trackers(cfg, "run"))
     budget = Budget(max_rollouts, max_seconds)
     learner, scheduler, producer = services(cfg, metrics)
-    keep_config(cfg)  # once it started: a start that failed (a typo in a --set) leaves the directory's config as it was
+    keep_config(cfg)  # once it started: a start that failed (a typo in a --set) leaves the directory as it was
+    clear_outputs(cfg.run.run_dir)
     first_step = learner.version  # a continued run starts past 0
     background = Background([scheduler, producer])
     console = Console(cfg.learner.max_steps, learner.version, cfg.run.log_format, enabled=progress, max_seconds=max_seconds,

@@ -961,16 +961,17 @@ def test_a_step_out_of_device_memory_stops_the_learner_with_what_to_change(tmp_p
 
 def test_a_start_that_fails_leaves_the_run_directorys_config_as_it_was(tmp_path, capsys):
     """A typo in a --set stops `prl run` in one line; it used to be kept as the directory's
-    config.toml first, so the same command without the typo failed on it again."""
+    config.toml first, so the same command without the typo failed on it again, and the run's
+    summary and curves were removed."""
     from prl.cli import main
 
     argv = ["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--max-steps", "1", "--set", "learner.eval_every=0"]
     assert main(argv + ["--set", 'producer.reward="prl.rewards:typo"']) == 2
     assert "prl.rewards has no typo" in capsys.readouterr().err
     assert main(argv) == 0
-    kept = (tmp_path / "run" / "config.toml").read_text()
+    kept = {name: (tmp_path / "run" / name).read_bytes() for name in ("config.toml", "summary.json", "priority_histogram.png")}
     assert main(argv[:-4] + ["--max-steps", "2", "--set", 'model.path="/nowhere"']) == 2
-    assert (tmp_path / "run" / "config.toml").read_text() == kept
+    assert kept == {name: (tmp_path / "run" / name).read_bytes() for name in kept}
 
 
 @pytest.mark.parametrize("change", ["learner.lora_rank=8", "learner.lora_rank=0"])
