@@ -262,6 +262,7 @@ class ArchivedGroups:
     versions a snapshot flushed together), not the archive."""
 
     def __init__(self, uri: str):
+        self.uri = uri
         self.fs, self.files = archive_files(uri)
         parts = read_parts(self.fs, self.files, list(ORDER_COLUMNS), None)
         order = in_order(uri, [t.append_column("file", pa.array(np.full(t.num_rows, i), pa.int32()))

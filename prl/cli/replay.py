@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from prl.cli.parser import write_text
+from prl.errors import UsageError
 from prl.formulas import bernoulli_variance, group_outcome, has_signal
 from prl.scheduler.archive import ArchivedGroups, GroupOutcome, read_outcomes
 from prl.schemas import RolloutGroup, TrainBatch
@@ -42,8 +43,6 @@ def difficulty(problem_id: str) -> str:
 
 def served_outcomes(uri: str) -> list[GroupOutcome]:
     """The archive's served groups; an archive of none is one line: nothing to read in it."""
-    from prl.errors import UsageError
-
     if not (groups := read_outcomes(uri)):
         raise UsageError(f"the archive under {uri} holds no served rollout group, only problems the producers could "
                          "not serve (the run's prl.log says why): nothing to replay")
@@ -249,17 +248,21 @@ def publish(cfg, transport, groups: ArchivedGroups, rate: float, progress: bool 
     """Archived groups as batches on ``<run>.batches``, at most ``rate`` batches per second. The
     command is the run's batch writer while it publishes: it claims a scheduler epoch (a running
     scheduler of the run is fenced) and stamps it on every batch. The caller opens the archive
-    and the transport first: a command that cannot publish fences nothing."""
+    and the transport first, and the first batch is made before the claim: a command that
+    cannot publish fences nothing."""
     from prl import epochs
     from prl.schemas import encode, headers
     from prl.schemas.topics import BATCHES, topic_name
 
-    epoch = epochs.claim(cfg.run.run_dir, "scheduler")
-    transport.ensure_topics(cfg.run.name)
-    pub = transport.publisher()
     published = 0
     with _progress(len(groups), "publish", progress) as bar:
-        for b in to_batches(counted(groups, bar), cfg):
+        batches = to_batches(counted(groups, bar), cfg)
+        if (first := next(batches, None)) is None:
+            raise UsageError(nothing_to_train(groups.uri))
+        epoch = epochs.claim(cfg.run.run_dir, "scheduler")
+        transport.ensure_topics(cfg.run.name)
+        pub = transport.publisher()
+        for b in itertools.chain([first], batches):
             t0 = time.monotonic()
             b = dataclasses.replace(b, epoch=epoch)
             pub.publish(topic_name(cfg.run.name, BATCHES), encode(b), headers=headers(b))
@@ -269,6 +272,11 @@ def publish(cfg, transport, groups: ArchivedGroups, rate: float, progress: bool 
                 time.sleep(max(0.0, 1.0 / rate - (time.monotonic() - t0)))  # the rate limit itself
     pub.close()
     return published
+
+
+def nothing_to_train(uri: str) -> str:
+    return (f"no group of the archive under {uri} carries completions (only problems the producers could not serve, "
+            "or groups sent as their rewards alone): nothing to train")
 
 
 def counted(groups: ArchivedGroups, bar) -> Iterator[RolloutGroup]:
@@ -286,7 +294,6 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
     from prl.learner.checkpoint import list_checkpoints
     from prl.learner.service import Learner
     from prl.learner.sources import write_batches
-    from prl.errors import UsageError
     from prl.transport.memory import MemoryTransport
 
     if list_checkpoints(out_dir):
@@ -297,8 +304,7 @@ def train(cfg, uri: str, out_dir: str, progress: bool = True) -> dict:
         with _progress(len(groups), "batches", progress) as bar:
             batches = write_batches(path, to_batches(counted(groups, bar), cfg))
         if not batches:
-            raise UsageError(f"no group of the archive under {uri} has a reward signal (rewards that differ): "
-                             "nothing to train")
+            raise UsageError(nothing_to_train(uri))
         cfg = cfg.model_copy(update={
             "run": cfg.run.model_copy(update={"run_dir": out_dir}),
             "learner": cfg.learner.model_copy(update={"max_steps": max(1, batches)})})

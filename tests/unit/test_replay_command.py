@@ -35,7 +35,7 @@ def test_report_and_whatif_print_draw_and_write_json(tmp_path, capsys, archive, 
 
 @pytest.mark.parametrize("action, line", [
     ("report", "holds no served rollout group"), ("whatif", "holds no served rollout group"),
-    ("train", "has a reward signal (rewards that differ): nothing to train"),
+    ("train", "carries completions (only problems the producers could not serve, or groups sent as their rewards alone)"),
 ])
 def test_an_archive_of_problems_nobody_could_serve_is_one_line(tmp_path, capsys, action, line):
     """A run whose every problem was retired (chat prompts for a model without a chat template)
@@ -114,3 +114,27 @@ def test_off_a_terminal_a_long_job_says_its_progress_in_plain_lines(tmp_path, ca
     assert main(["replay", "whatif", str(archive), "--out", str(tmp_path / "w")]) == 0
     err = capsys.readouterr().err
     assert "\r" not in err and "whatif priority: " in err
+
+
+
+def test_publishing_an_archive_with_nothing_to_train_fences_no_scheduler(tmp_path):
+    """`prl replay publish` claims the run's scheduler epoch (fencing a live scheduler) to write
+    batches; given no group with completions, it claimed it and published nothing."""
+    from dataclasses import replace
+
+    from prl import epochs
+    from prl.cli.replay import publish
+    from prl.errors import UsageError
+    from prl.scheduler.archive import ArchivedGroups
+    from prl.schemas.config import load_config
+    from prl.transport.memory import MemoryTransport
+
+    writer = RolloutArchive(str(tmp_path / "archive"))
+    for g in make_groups(8):
+        writer.add(replace(g, rollouts=[], error="NoChatTemplate: chat prompt"), learner_version=0)
+    writer.close()
+    live = epochs.claim(str(tmp_path / "run"), "scheduler")
+    cfg = load_config(None, [f"run.run_dir='{tmp_path / 'run'}'"])
+    with pytest.raises(UsageError, match="nothing to train"):
+        publish(cfg, MemoryTransport(), ArchivedGroups(str(tmp_path / "archive")), rate=0, progress=False)
+    assert epochs.newest(str(tmp_path / "run"), "scheduler") == live
