@@ -36,7 +36,8 @@ def explain(cfg, problem_id: str) -> str:
     sampler = make_sampler(cfg, labels)
     snap = read_snapshot(cfg.run.run_dir, lambda state: sampler.check_state(state["sampler"]))
     if snap is None:  # a wrong --run-dir first: it is the likelier mistake
-        raise UsageError(f"no scheduler snapshot under {cfg.run.run_dir}/scheduler yet: is --run-dir the run's directory?")
+        raise UsageError(f"no scheduler snapshot under {cfg.run.run_dir}/scheduler yet: is --run-dir the run's directory, "
+                         "and has its scheduler sent a batch (it writes one before each)?")
     index = {p.id: i for i, p in enumerate(problems)}
     if problem_id in {p.id for p in heldout_problems(cfg.task)}:
         return "\n".join(heldout_history(cfg.run.run_dir, problem_id, cfg.task.success_threshold))
