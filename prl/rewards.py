@@ -106,10 +106,16 @@ class RewardRunner:
     def value(self, future: concurrent.futures.Future) -> float:
         """A finished call's reward; 0.0 for one that raised or is not a finite number (warned of)."""
         try:
-            value = float(future.result())
+            result = future.result()
         except Exception as exc:
             self.errors += 1
             self.failed("error", reward=self.name, error=f"{type(exc).__name__}: {exc}"[:400], at=raised_at(exc))
+            return 0.0
+        try:
+            value = float(result)
+        except (TypeError, ValueError):  # the function's fault, not this line's: no `at`
+            self.errors += 1
+            self.failed("not_a_number", reward=self.name, error=f"returned {repr(result)[:100]}; scored 0")
             return 0.0
         if not math.isfinite(value):
             self.errors += 1

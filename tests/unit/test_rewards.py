@@ -46,13 +46,16 @@ def test_a_failing_reward_is_warned_of_at_its_1st_10th_100th_time_with_where_it_
         assert [runner("15", "15") for _ in range(100)] == [0.0] * 100
         runner.fn = lambda c, a: float("inf")
         runner("15", "15")
+        runner.fn = lambda c, a: None  # forgot to return: the warning named the runner's float() as where it raised
+        runner("15", "15")
     runner.close()
     assert [(e["event"], e["kind"], e["count"]) for e in logs] == [
         ("reward_failed", "error", 1), ("reward_failed", "error", 10), ("reward_failed", "error", 100),
-        ("reward_failed", "not_finite", 1)]
+        ("reward_failed", "not_finite", 1), ("reward_failed", "not_a_number", 1)]
+    assert logs[-1]["error"] == "returned None; scored 0" and "at" not in logs[-1]
     assert logs[0]["error"] == "AttributeError: 'str' object has no attribute 'stirp'"
     assert logs[0]["at"].startswith(__file__) and logs[0]["at"].endswith("in buggy")
-    assert logs[0]["reward"].endswith("buggy") and runner.errors == 101
+    assert logs[0]["reward"].endswith("buggy") and runner.errors == 102
 
 
 def test_load_reward_by_dotted_path():
