@@ -69,6 +69,10 @@ def topic_report(cfg) -> list[TopicRow]:
     try:
         names = [topic_name(cfg.run.name, kind) for kind in TOPICS]
         existing = consumer.topics()
+        if not set(names) & existing:
+            runs = sorted({t.rsplit(".", 1)[0] for t in existing if t.rsplit(".", 1)[-1] in TOPICS}) or ["none"]
+            raise UsageError(f"no topic of run {cfg.run.name!r} on {cfg_bootstrap(consumer)} (runs there: {', '.join(runs)}): "
+                             "check run.name")
         tps = {n: [TopicPartition(n, p) for p in sorted(consumer.partitions_for_topic(n) or [])] for n in names if n in existing}
         all_tps = [tp for group in tps.values() for tp in group]
         ends = end_offsets(consumer, all_tps) if all_tps else {}

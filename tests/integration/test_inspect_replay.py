@@ -10,6 +10,7 @@ import pytest
 
 from prl.learner.service import Learner
 from prl.cli import inspect, replay
+from prl.errors import UsageError
 from prl.transport.kafka import KafkaTransport
 from prl.scheduler.archive import ArchivedGroups, RolloutArchive, read_archive
 from prl.schemas import encode
@@ -54,6 +55,8 @@ def test_inspect_topics_counts_and_lag_with_multi_record_batches(kafka_broker, r
     assert rows[topic_name(run_name, "batches")].messages == 0
     text = inspect.format_topics(list(rows.values()))
     assert inspect.HIGHWATER in text and f"{run_name}.scheduler ({300 - len(consumed)})" in text
+    with pytest.raises(UsageError, match=f"no topic of run 'nosuchrun' on .* \\(runs there: .*{run_name}"):
+        inspect.topic_report(kafka_config(kafka_broker, "nosuchrun"))  # a mistyped run.name: an empty table before
 
 
 def test_inspect_tail_filters_and_survives_garbage(kafka_broker, run_name):
