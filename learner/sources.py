@@ -43,11 +43,13 @@ class FileSource:
     batch at a time (a file of a long archive's batches need not fit in memory)."""
 
     def __init__(self, uri: str):
-        self.uri = uri
+        self.uri, self.position = uri, 0
         self.file = fsspec.open(uri, "rb").open()
-        self.reader = pa.ipc.open_stream(self.file)
+        try:
+            self.reader = pa.ipc.open_stream(self.file)
+        except pa.ArrowInvalid as exc:
+            raise self.unreadable(exc) from None
         self.rows: list[pa.Table] = []  # read, not yet handed out
-        self.position = 0
 
     def next(self, timeout_s: float):
         from prl.transport import Message
@@ -57,10 +59,18 @@ class FileSource:
                 batch = self.reader.read_next_batch()
             except StopIteration:
                 return None, True
+            except (pa.ArrowInvalid, OSError) as exc:  # cut short (pyarrow says OSError), or garbage past the batches read
+                raise self.unreadable(exc) from None
             table = pa.Table.from_batches([batch], self.reader.schema)
             self.rows = [table.slice(i, 1) for i in range(table.num_rows)]
         self.position += 1
         return Message(self.uri, 0, self.position - 1, None, encode_table(self.rows.pop(0)), []), False
+
+    def unreadable(self, exc: Exception):
+        from prl.service import ServiceStopped
+
+        return ServiceStopped(f"--batches-from {self.uri}: not a file of TrainBatch records past the first {self.position} "
+                              f"({exc})")
 
     def positions(self) -> None:
         return None

@@ -41,3 +41,26 @@ def test_a_batch_file_is_written_as_batches_come_and_read_back_in_order(tmp_path
         assert step == (None, True)
         assert [(b.seq, [r.rollout_id for r in b.rollouts]) for b in read] == [(b.seq, [r.rollout_id for r in b.rollouts]) for b in made]
     assert pa.ipc.open_stream((tmp_path / "a.arrow").read_bytes()).read_all().num_rows == 5
+
+
+def test_a_file_that_is_not_batches_or_is_cut_short_is_one_line(tmp_path):
+    """`prl learner --batches-from` on a file that is not an Arrow stream, or one cut short after
+    its first batches, ended in pyarrow's traceback; the batches before the cut are trained."""
+    import pytest
+
+    from prl.learner.sources import FileSource, write_batches
+    from prl.service import ServiceStopped
+
+    (tmp_path / "garbage.arrow").write_bytes(b"not arrow at all")
+    with pytest.raises(ServiceStopped, match="garbage.arrow: not a file of TrainBatch records past the first 0"):
+        FileSource(str(tmp_path / "garbage.arrow"))
+    cfg = load_config(overrides=["scheduler.groups_per_batch=4", "scheduler.max_in_flight=4"])
+    write_batches(str(tmp_path / "a.arrow"), replay.to_batches(make_groups(20), cfg))
+    whole = (tmp_path / "a.arrow").read_bytes()
+    (tmp_path / "cut.arrow").write_bytes(whole[: len(whole) * 3 // 4])
+    source = FileSource(str(tmp_path / "cut.arrow"))
+    read = 0
+    with pytest.raises(ServiceStopped, match=r"cut.arrow: not a file of TrainBatch records past the first \d"):
+        while source.next(0.0)[0] is not None:
+            read += 1
+    assert 1 <= read < 5
