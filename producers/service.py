@@ -77,6 +77,7 @@ def sampling_seed(run_seed: int, producer_id: str) -> int:
 class Producer(Service):
     name = "producer"
     reads, writes = (PROBLEMS, POLICY), (ROLLOUTS,)
+    evaluations_only = False  # the run's training ended (prl run, its budget spent): dispatches are dropped
 
     def __init__(self, cfg, transport, metrics=None, backend=None, producer_id: str | None = None,
                  beside_learner: bool = False):
@@ -120,6 +121,9 @@ class Producer(Service):
         for request in (r for r in records if isinstance(r, EvalRequest)):
             self.send(ROLLOUTS, self.evaluate(request), key=request.request_id.encode())
         dispatches = [r for r in records if isinstance(r, Dispatch)]
+        if dispatches and self.evaluations_only:
+            self.count("dispatches_dropped_at_end", len(dispatches))
+            dispatches = []
         if dispatches:
             groups = self.rollout_groups(dispatches)
             for i, group in enumerate(groups):
@@ -132,6 +136,12 @@ class Producer(Service):
         if msgs:
             self.deliver(self.dispatches)
         return False
+
+    def answer_evaluations_only(self) -> None:
+        """The run took its last training step (thread-safe: `prl run`, whose budget ended):
+        answer evaluations, drop dispatches, so that the final evaluation does not queue behind
+        groups no one will train on, nor the run's end behind generating them."""
+        self.evaluations_only = True
 
     def finished(self) -> bool:
         """The learner's last version is served and no evaluation of it will be asked: none are

@@ -180,9 +180,10 @@ class Scheduler(Service):
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> bool:
         self.read_policy()
-        while self.asked:
+        finishing = self.finish_asked or self.learner_version >= self.cfg.learner.max_steps  # before the asked are
+        while self.asked:  # taken: an evaluation asked with the finish is started before the finish looks for it
             self.evaluator.start(self.asked.popleft(), self.rollouts_generated)
-        if self.finish_asked or self.learner_version >= self.cfg.learner.max_steps:
+        if finishing:
             return self.finish()
         self.accept_rollouts()
         self.redispatch_timed_out()
@@ -219,9 +220,12 @@ class Scheduler(Service):
         """Evaluate ``version`` too (thread-safe: `prl run` asks for the version its budget ended at)."""
         self.asked.append(version)
 
-    def ask_to_finish(self) -> None:
-        """Finish at the learner's current version, as at ``learner.max_steps`` (thread-safe: `prl
-        run`, whose budget ended before it)."""
+    def ask_to_finish(self, evaluate: int | None = None) -> None:
+        """Finish at the learner's current version, as at ``learner.max_steps``, once version
+        ``evaluate`` is evaluated too (thread-safe: `prl run`, whose budget ended before it). No
+        training problem is dispatched after it: what it would generate is never trained."""
+        if evaluate is not None:
+            self.asked.append(evaluate)
         self.finish_asked = True
 
     def read_policy(self) -> None:

@@ -114,7 +114,7 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
     stop = stop or threading.Event()
     try:
         train(learner, scheduler, background, budget, console, stop)
-        wind_down(cfg, learner, scheduler, background, console, stop.is_set())
+        wind_down(cfg, learner, scheduler, producer, background, console, stop.is_set())
     finally:
         console.close()
         background.stop()
@@ -145,29 +145,31 @@ def services(cfg, metrics):
     return learner, scheduler, producer
 
 
-def wind_down(cfg, learner, scheduler, background: "Background", console: Console, stopped: bool) -> None:
-    """The fleet evaluates the version the run ended at (unless it was stopped), the generators
-    stop, and the last step is checkpointed whole, however the run ended: the same command
-    continues from it, and `prl model export` reads it without a chain of deltas."""
+def wind_down(cfg, learner, scheduler, producer, background: "Background", console: Console, stopped: bool) -> None:
+    """The fleet evaluates the version the run ended at (unless it was stopped) and generates
+    nothing else, the generators stop, and the last step is checkpointed whole, however the run
+    ended: the same command continues from it, and `prl model export` reads it without a chain
+    of deltas."""
     if not stopped:
-        evaluate_last(cfg, learner, scheduler, background, console)
-        scheduler.ask_to_finish()  # its snapshot holds the last evaluation: a continued run does not repeat it
+        producer.answer_evaluations_only()
+        learner.announce_written(wait=True)  # versions are written in the background
+        evaluating = bool(cfg.learner.eval_every and scheduler.heldout)
+        # Its snapshot holds the last evaluation: a continued run does not repeat it.
+        scheduler.ask_to_finish(evaluate=learner.version if evaluating else None)
+        if evaluating:
+            wait_for_evaluation(cfg, learner, scheduler, background, console)
         background.join(scheduler, timeout=FINISH_S)
     background.stop()
     if learner.saved_version != learner.version:
         learner.save()
 
 
-def evaluate_last(cfg, learner, scheduler, background: "Background", console: Console) -> None:
-    """Have the fleet evaluate the version the run ended at (its budget's, or the last step's)
-    and wait for its answers and any earlier evaluation's still out, at most as long as the
-    scheduler waits for them."""
-    if not (cfg.learner.eval_every and scheduler.heldout):
-        return
-    learner.announce_written(wait=True)  # versions are written in the background
-    scheduler.ask_evaluation(learner.version)
-    evaluator, patience = scheduler.evaluator, time.monotonic() + cfg.scheduler.dispatch_timeout_s * MAX_ATTEMPTS
-    while not (evaluator.settled(learner.version, started=True) and not evaluator.running()) \
+def wait_for_evaluation(cfg, learner, scheduler, background: "Background", console: Console) -> None:
+    """Wait for the fleet's answers for the version the run ended at (its budget's, or the last
+    step's) and any earlier evaluation's still out, at most as long as the scheduler waits for them."""
+    version, evaluator = learner.version, scheduler.evaluator
+    patience = time.monotonic() + cfg.scheduler.dispatch_timeout_s * MAX_ATTEMPTS
+    while not (evaluator.settled(version, started=True) and not evaluator.running()) \
             and background.alive() and time.monotonic() < patience:
         background.stopped.wait(0.05)  # the scheduler's thread finishes the evaluations
     console.update(learner, scheduler)

@@ -205,6 +205,55 @@ def test_a_finishing_scheduler_waits_for_every_evaluation_asked_not_only_the_las
     assert finished_version(run.cfg.run.run_dir) == 0
 
 
+def test_a_scheduler_asked_to_finish_dispatches_nothing_more_and_evaluates_what_it_was_asked(tmp_path):
+    """`prl run`'s budget ended: the scheduler sends the last version's evaluation and no more
+    training problems (what they would generate is never trained). The caller asks from another
+    thread, here right after the scheduler found nothing asked in this step: the evaluation still
+    comes before the finish (the finish used to see the flag first and end the run unevaluated)."""
+    from collections import deque
+
+    from prl.schemas import Dispatch
+
+    run = Run(config(tmp_path))
+    scheduler = Scheduler(run.cfg, run.transport)
+    scheduler.step()
+
+    class AskedJustAfterLooking(deque):
+        def __bool__(self):
+            if not len(self) and not scheduler.finish_asked:
+                scheduler.ask_to_finish(evaluate=2)
+                return False
+            return bool(len(self))
+
+    scheduler.asked = AskedJustAfterLooking()
+    first = {r.request_id for r in run.read(PROBLEMS, EvalRequest)}  # version 0's, at the start
+    assert scheduler.step() is False and scheduler.finish_asked  # asked during this step: it dispatches on
+    assert scheduler.step() is False  # and now finishes, once the evaluation asked is answered
+    asked = [r for r in run.read(PROBLEMS, EvalRequest) if r.request_id not in first]
+    dispatched = len(run.read(PROBLEMS, Dispatch))
+    for _ in range(3):
+        scheduler.in_flight.clear()  # room for more: a scheduler not finishing would dispatch them
+        assert scheduler.step() is False
+    assert len(run.read(PROBLEMS, Dispatch)) == dispatched
+    for request in run.read(PROBLEMS, EvalRequest):
+        answer(run, request)
+    assert [r.version for r in asked] == [2] and scheduler.step() is True
+    assert finished_version(run.cfg.run.run_dir) == 0
+
+
+def test_a_producer_told_the_training_ended_answers_evaluations_and_drops_dispatches(tmp_path):
+    from prl.schemas import Dispatch, RolloutGroup, Sampling
+
+    run = Run(config(tmp_path))
+    producer = Producer(run.cfg, run.transport)
+    producer.answer_evaluations_only()
+    run.inject(PROBLEMS, Dispatch("d", "add1:1+1", "1+1=", "2", 4, Sampling(1.0, 1.0, 4, []), 0))
+    run.inject(PROBLEMS, EvalRequest("e", 0, [EvalProblem("add1:1+1", "1+1=", "2", 1)], 4))
+    wait_until(lambda: producer.step() is False and run.read(ROLLOUTS, EvalResult), 10, "the evaluation's answer")
+    assert [r.request_id for r in run.read(ROLLOUTS, EvalResult)] == ["e"]
+    assert run.read(ROLLOUTS, RolloutGroup) == [] and producer.counters["dispatches_dropped_at_end"] == 1
+
+
 @pytest.mark.parametrize("eval_every", [0, 10])
 def test_a_producer_serving_the_last_version_finishes_once_no_evaluation_can_come(tmp_path, eval_every):
     """With evaluations off, nothing more can be asked of a producer that serves the learner's
