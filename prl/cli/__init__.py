@@ -26,6 +26,8 @@ COMMAND_MODULES = {"run": "run", "scheduler": "services", "producer": "services"
 
 
 RUN_CONFIG = "config.toml"  # in a run directory: the resolved configuration the run was started with
+LOCAL_PATHS = (("run", "run_dir"), ("task", "train_path"), ("task", "heldout_path"), ("model", "path"),
+               ("transport", "kafka", "ssl_cafile"))  # the settings that name a file or directory
 
 
 def load(args):
@@ -72,15 +74,30 @@ def stored_config(run_dir: str) -> dict | None:
 
 
 def keep_config(cfg) -> None:
-    """Write the resolved configuration into the run directory: every command given that
-    directory alone (`prl explain`, `prl replay`, `prl inspect report`, continuing the run)
-    starts from it."""
+    """Write the resolved configuration into the run directory, its local paths made absolute:
+    every command given that directory alone (`prl explain`, `prl replay`, `prl model export`,
+    continuing the run) starts from it, from any working directory."""
     import fsspec
 
     from prl.schemas.config import dump_toml
 
     with fsspec.open(f"{cfg.run.run_dir.rstrip('/')}/{RUN_CONFIG}", "w") as f:
-        f.write(dump_toml(cfg))
+        f.write(dump_toml(anchored(cfg)))
+
+
+def anchored(cfg):
+    """``cfg`` with its relative local paths (LOCAL_PATHS) resolved against the working
+    directory, as the command that read them did; URIs and builtin: models as they are."""
+    data = cfg.model_dump(mode="json")
+    for keys in LOCAL_PATHS:
+        *sections, name = keys
+        node = data
+        for section in sections:
+            node = node[section]
+        value = node[name]
+        if value and "://" not in value and not value.startswith("builtin:") and not os.path.isabs(value):
+            node[name] = os.path.abspath(value)
+    return type(cfg).model_validate(data)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -988,3 +988,25 @@ def test_a_run_continued_with_a_checkpoint_that_does_not_fit_is_one_line(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"prl run: {tmp_path / 'run'}/checkpoints/step-00000002 does not fit this model (")
     assert err.endswith("continue the run with the model.path and learner.lora_rank it started with, or give a new run_dir")
+
+
+def test_a_run_directory_started_with_relative_paths_serves_every_command_from_anywhere(tmp_path, monkeypatch, capsys):
+    """`prl run` started in a project directory with a relative model.path: continuing the run
+    and exporting its model from another directory found no model (config.toml kept the path as
+    given, which names the model only from where the run started)."""
+    import shutil
+
+    from prl.cli import main
+    from prl.models import BUILTIN
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    shutil.copytree(BUILTIN["builtin:tiny-adder"], project / "models" / "adder")
+    elsewhere.mkdir()
+    monkeypatch.chdir(project)
+    argv = ["--no-progress", "--set", "learner.eval_every=0"]
+    assert main(["run", "--run-dir", "runs/a", "--max-steps", "1", "--set", 'model.path="models/adder"', *argv]) == 0
+    monkeypatch.chdir(elsewhere)
+    run_dir = str(project / "runs" / "a")
+    assert main(["run", "--run-dir", run_dir, "--max-steps", "2", *argv]) == 0
+    assert main(["model", "export", run_dir, "exported"]) == 0, capsys.readouterr().err
+    assert (elsewhere / "exported" / "config.json").exists()
