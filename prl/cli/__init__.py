@@ -168,6 +168,9 @@ def reader_left() -> bool:
 
 
 def dispatch(args) -> int:
+    if args.command == "bench" and args.name is None:
+        print(benchmark_list())
+        return 0
     if args.command == "bench":
         benchmark = benchmark_module(args.name)
         from benchmarks.common import code_version
@@ -192,6 +195,31 @@ def dispatch(args) -> int:
 def benchmark_module(name: str):
     """benchmarks/<name>.py of the source checkout: the benchmarks are not installed with the
     product, so `prl bench` runs from a clone (installed with `pip install -e .`)."""
+    root = checkout()
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def benchmark_list() -> str:
+    """Bare `prl bench`: each benchmark with the first sentence of its docstring (read, not
+    imported: some import vLLM)."""
+    import ast
+    import re
+    import textwrap
+
+    from prl.cli.parser import BENCHMARKS
+
+    lines = ["prl bench NAME [ARGS]  (prl bench NAME --help; benchmarks/RESULTS.md has each one's figures)"]
+    for name in BENCHMARKS:
+        doc = ast.get_docstring(ast.parse((checkout() / "benchmarks" / f"{name}.py").read_text())) or ""
+        what = re.split(r"(?<=[.?])\s", " ".join(doc.split()).split(": ", 1)[-1])[0]
+        lines.append(f"  {name:<11} {textwrap.shorten(what, 88, placeholder=' ...')}")
+    return "\n".join(lines)
+
+
+def checkout():
+    """The source checkout prl is installed from (UsageError where it is not one)."""
     from pathlib import Path
 
     from prl.errors import UsageError
@@ -200,9 +228,7 @@ def benchmark_module(name: str):
     if not (root / "benchmarks" / "__init__.py").is_file():
         raise UsageError("the benchmarks live in the source checkout, not in the installed package: "
                          "git clone the repository, pip install -e . in it, and run prl bench there")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module(f"benchmarks.{name}")
+    return root
 
 
 def configure_logs(args, cfg) -> None:

@@ -229,5 +229,5 @@ def add_config(sub) -> None:
 
 def add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks (benchmarks/*.py); `prl bench NAME --help`")
-    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("name", nargs="?", choices=BENCHMARKS, help="the benchmark (none: list them)")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")

@@ -55,3 +55,13 @@ def test_with_json_logs_the_line_a_command_stops_on_is_json_too(tmp_path, capsys
     line = json.loads(capsys.readouterr().err.splitlines()[-1])
     assert code == 2 and line["event"] == "command_failed" and line["level"] == "error"
     assert line["logger"] == where and error in line["error"]
+
+
+def test_bare_prl_bench_lists_the_benchmarks_with_what_each_measures(capsys):
+    """It said "the following arguments are required: name, args" (args are not)."""
+    from prl.cli.parser import BENCHMARKS
+
+    assert main(["bench"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == list(BENCHMARKS)
+    assert "is the pipeline ever the bottleneck?" in lines[1 + BENCHMARKS.index("system")]
