@@ -308,9 +308,10 @@ class Learner(Service):
         those that made the versions an earlier learner wrote past this one's checkpoint (killed
         between checkpoints): go on from the newest whole one, at the batch it was trained to, as
         the scheduler and producers, which saw it, do (made again, those versions would be
-        announced to nobody, and the scheduler would wait for them with batches in hand)."""
+        announced to nobody, and the scheduler would wait for them with batches in hand). The
+        first is what every continued `prl run` meets (logged); the second loses steps (warned of)."""
         if seq > self.last_seq:
-            self.log.warning("batches_passed_over", seqs=f"{self.last_seq + 1}..{seq}", why="lost with an earlier broker")
+            self.log.info("batches_passed_over", seqs=f"{self.last_seq + 1}..{seq}", why="lost with an earlier broker")
             self.last_seq = seq
         for version in range(self.published, self.version, -1):
             if (meta := self.stored_meta(version)) is not None and isinstance(meta.get("last_batch_seq"), int):

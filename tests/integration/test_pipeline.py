@@ -465,6 +465,22 @@ def test_learner_warns_once_when_bf16_autocast_would_be_emulated(tmp_path, monke
     assert len(warned) == (setting == "true") and all('"auto"' in e["fix"] for e in warned)
 
 
+def test_batches_lost_with_the_earlier_broker_are_logged_not_warned_of(tmp_path):
+    """Every continued `prl run` loses the batches its scheduler sent ahead to the earlier
+    process's broker (nothing trained is lost): it was a console warning at each continuation."""
+    from structlog.testing import capture_logs
+
+    from prl.learner.service import Learner
+
+    cfg = small_config(tmp_path)
+    transport = MemoryTransport(MemoryBroker())
+    transport.ensure_topics(cfg.run.name)
+    learner = Learner(cfg, transport)
+    with capture_logs() as logs:
+        learner.pass_over_batches_through(2)
+    assert [(e["event"], e["log_level"]) for e in logs] == [("batches_passed_over", "info")] and learner.last_seq == 2
+
+
 def write_problems(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
