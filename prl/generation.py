@@ -222,6 +222,24 @@ GPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 GPU_SHARE_OWN, GPU_SHARE_BESIDE_LEARNER = 0.9, 0.3
 
 
+def engine_settings(settings, dtype: str, on_gpu: bool, beside_learner: bool) -> dict:
+    """The engine's arguments for producer.vllm ``settings``; its environment set (unless set)."""
+    if on_gpu:
+        share = settings.gpu_memory_utilization or (GPU_SHARE_BESIDE_LEARNER if beside_learner else GPU_SHARE_OWN)
+        engine = dict(dtype=dtype, gpu_memory_utilization=share, enforce_eager=settings.enforce_eager,
+                      tensor_parallel_size=settings.tensor_parallel_size)
+        env = GPU_ENGINE_ENV if settings.tensor_parallel_size == 1 else {}
+    else:
+        # On CPU the memory share is of host memory, checked against what is free at start;
+        # the KV cache itself is sized by VLLM_CPU_KVCACHE_SPACE (GiB). Weights of a bf16
+        # version are served exactly in float32.
+        engine = dict(dtype="float32", gpu_memory_utilization=0.1, enforce_eager=True)
+        env = CPU_ENGINE_ENV
+    for name, value in env.items():
+        os.environ.setdefault(name, value)
+    return engine
+
+
 class VLLMBackend(Backend):
     """One vLLM engine per producer. Prompts of many dispatches go into one ``generate``
     call (n = group size each). Log-probs are vLLM's ``processed_logprobs`` (after
@@ -231,34 +249,29 @@ class VLLMBackend(Backend):
 
     On a GPU the engine takes ``settings`` (producer.vllm: tensor parallel size, memory share,
     longest sequence, CUDA graphs unless eager); on a CPU it runs eager in float32 with the KV
-    cache VLLM_CPU_KVCACHE_SPACE sizes."""
+    cache VLLM_CPU_KVCACHE_SPACE sizes.
+
+    A LoRA adapter (learner.lora_rank) is served by vLLM's LoRA support on a GPU, and merged into
+    the base weights on a CPU, where vllm-cpu's LoRA generates 4.3x slower (``merge_adapters``;
+    `prl bench producer --lora-rank 8`, benchmarks/RESULTS.md)."""
 
     def __init__(self, model_path: str, dtype: str = "float32", seed: int = 0, lora_rank: int = 0, settings=None,
-                 on_gpu: bool = False, beside_learner: bool = False):
+                 on_gpu: bool = False, beside_learner: bool = False, merge_adapters: bool | None = None):
         from prl.schemas.config import VLLMConfig
 
         settings = settings or VLLMConfig()
-        if on_gpu:
-            share = settings.gpu_memory_utilization or (GPU_SHARE_BESIDE_LEARNER if beside_learner else GPU_SHARE_OWN)
-            engine = dict(dtype=dtype, gpu_memory_utilization=share, enforce_eager=settings.enforce_eager,
-                          tensor_parallel_size=settings.tensor_parallel_size)
-            env = GPU_ENGINE_ENV if settings.tensor_parallel_size == 1 else {}
-        else:
-            # On CPU the memory share is of host memory, checked against what is free at start;
-            # the KV cache itself is sized by VLLM_CPU_KVCACHE_SPACE (GiB). Weights of a bf16
-            # version are served exactly in float32.
-            engine = dict(dtype="float32", gpu_memory_utilization=0.1, enforce_eager=True)
-            env = CPU_ENGINE_ENV
-        for name, value in env.items():
-            os.environ.setdefault(name, value)
+        engine = engine_settings(settings, dtype, on_gpu, beside_learner)
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and engine.get("tensor_parallel_size", 1) == 1
         from vllm import LLM
 
         from prl.models import resolve_model_dir
 
         self.model_dir = resolve_model_dir(model_path)
-        lora = dict(enable_lora=True, max_lora_rank=lora_rank, max_loras=2) if lora_rank else {}
-        self.lora_request = None  # the adapter every generate call applies (learner.lora_rank)
+        self.merge_adapters = not on_gpu if merge_adapters is None else merge_adapters
+        served = lora_rank and not self.merge_adapters
+        lora = dict(enable_lora=True, max_lora_rank=lora_rank, max_loras=2) if served else {}
+        self.lora_request = None  # the adapter every generate call applies (learner.lora_rank, served by vLLM)
+        self.base: dict | None = None  # the base weights an adapter is merged into (merge_adapters), once one is
 
         self.llm = LLM(
             model=str(self.model_dir),
@@ -298,12 +311,17 @@ class VLLMBackend(Backend):
         self.version = version
 
     def load_adapter(self, tensors, version):
-        """The verified adapter as a peft directory; a new LoRARequest id per version (vLLM
-        caches adapters by id)."""
+        """The verified adapter merged into the base weights (``merge_adapters``), or as a peft
+        directory vLLM serves, a new LoRARequest id per version (vLLM caches adapters by id)."""
         from vllm.lora.request import LoRARequest
 
-        from prl.models import write_adapter_dir
+        from prl.models import export_state, load_model, merge_adapter, write_adapter_dir
 
+        if self.merge_adapters:
+            if self.base is None:
+                self.base = export_state(load_model(str(self.model_dir)))
+            self.load_state(merge_adapter(self.base, tensors), version)
+            return
         directory = local_version_dir(version)
         write_adapter_dir(directory, tensors, str(self.model_dir))
         self.lora_request = LoRARequest(f"v{version}", version + 1, str(directory))

@@ -186,10 +186,12 @@ def test_producer_serves_several_dispatches_in_one_engine_call(engine, model_dir
         engine.generate([Request(engine.encode(long_prompt), 1, Sampling())])
 
 
-def test_a_peft_adapter_generates_in_vllm_as_its_merged_weights(model_dir):
+@pytest.mark.parametrize("merge", [True, False], ids=["merged (on a CPU)", "vLLM's LoRA (on a GPU)"])
+def test_a_peft_adapter_generates_in_vllm_as_its_merged_weights(model_dir, merge):
     """learner.lora_rank: an adapter as peft trains and the learner publishes it (B no longer
     zero, as after some steps) scores in the transformers backend, which merges it, as in peft's
-    own model; vLLM's LoRA support serves the same adapter with the merged model's greedy tokens."""
+    own model; vLLM serves the same adapter with the merged model's greedy tokens, merged into
+    its weights (a CPU's way) or through its LoRA support (a GPU's)."""
     from peft import get_peft_model, get_peft_model_state_dict
 
     from prl.models import lora_config
@@ -207,7 +209,7 @@ def test_a_peft_adapter_generates_in_vllm_as_its_merged_weights(model_dir):
     with torch.no_grad():
         assert (peft_model(ids).logits - merged.model(ids).logits).abs().max().item() < 1e-4
 
-    lora_engine = VLLMBackend(model_dir, lora_rank=8)
+    lora_engine = VLLMBackend(model_dir, lora_rank=8, merge_adapters=merge)
     try:
         s = Sampling(1.0, 1.0, 6, [])
         reqs = [Request(lora_engine.encode(p), 1, s) for p in PROMPTS]
@@ -215,7 +217,7 @@ def test_a_peft_adapter_generates_in_vllm_as_its_merged_weights(model_dir):
         lora_engine.load_adapter(adapter, 3)
         after = [g[0].token_ids for g in lora_engine.generate(reqs, greedy=True)]
         assert after == [g[0].token_ids for g in merged.generate(reqs, greedy=True)]
-        assert after != before
+        assert after != before and (lora_engine.lora_request is None) == merge
     finally:
         del lora_engine.llm
 
