@@ -34,6 +34,7 @@ log = structlog.get_logger("run")
 LOCAL_PRODUCER = "local"  # the one producer's name: a rerun of one run.seed samples the same stream
 OUTPUTS = ("learning_curve.png", "priority_histogram.png", "summary.json")  # made again by every run
 FINISH_S = 60.0  # how long the scheduler may take for its last snapshot before the run stops it
+STOP_WAIT_S = 30.0  # how long a stopped service's call in progress is waited for
 
 
 def command(args, cfg) -> int:
@@ -236,14 +237,16 @@ class Budget:
 
 
 class Background:
-    """The scheduler and producer, each on a thread; a failure stops the whole run."""
+    """The scheduler and producer, each on a thread; a failure stops the whole run. A thread
+    still in its call STOP_WAIT_S after the stop (a producer's generation call is not
+    interrupted) is left to end with the process: what it raises then is not a failure."""
 
     def __init__(self, services: list):
-        self.stopped = threading.Event()
+        self.stopped, self.abandoned = threading.Event(), threading.Event()
         self.failures: list[BaseException] = []
         self.services = services
-        self.threads = [threading.Thread(target=_guarded, args=(s, self.stopped, self.failures), name=s.name, daemon=True)
-                        for s in services]
+        self.threads = [threading.Thread(target=_guarded, args=(s, self.stopped, self.failures, self.abandoned),
+                                         name=s.name, daemon=True) for s in services]
         for t in self.threads:
             t.start()
 
@@ -257,15 +260,23 @@ class Background:
     def stop(self) -> None:
         self.stopped.set()
         for t in self.threads:
-            t.join(timeout=30)
+            t.join(timeout=STOP_WAIT_S)
+        left = [t.name for t in self.threads if t.is_alive()]
+        if left and not self.abandoned.is_set():
+            self.abandoned.set()
+            log.warning("services_left_running", services=left, waited_s=STOP_WAIT_S,
+                        why="still in a call at the stop (a generation call is not interrupted); they end with the process")
 
 
-def _guarded(service, stop: threading.Event, failures: list) -> None:
+def _guarded(service, stop: threading.Event, failures: list, abandoned: threading.Event) -> None:
     """Run a service thread; if it fails, stop the whole run (instead of hanging) and keep
-    the error for the caller."""
+    the error for the caller, unless the run had left it running at its end."""
     try:
         service.run(stop)
     except BaseException as exc:
+        if abandoned.is_set():  # the process is ending under it (vLLM shuts its engine down at exit)
+            log.info("left_service_ended", service=service.name, error=one_line(exc))
+            return
         if fixable(exc):  # the person's to fix (ServiceStopped, a full disk, ...): no traceback
             log.error("service_stopped", service=service.name, reason=one_line(exc))
         else:

@@ -53,3 +53,40 @@ def test_a_service_stops_after_its_step_at_the_first_ctrl_c_and_at_once_at_the_s
     code = main(["learner", "--set", f"run.run_dir={str(tmp_path / 'run')!r}", "--batches-from", str(tmp_path / "batches.arrow")])
     assert code == 130 and seen == {"stop_after_first": True}
     assert signal.getsignal(signal.SIGINT) == before
+
+
+@pytest.mark.parametrize("stopped_first", [True, False])
+def test_a_service_left_in_its_call_at_the_stop_ends_with_the_process_not_as_a_failure(monkeypatch, stopped_first):
+    """The GPU example run on a CPU: its producer was in a generation call of hours when
+    SIGTERM came; `prl run` stopped without it, and vLLM, shutting down at exit under that call,
+    made it raise: a service_failed traceback after the run's summary. A service that fails
+    while the run goes on still stops the run with its error."""
+    import threading
+
+    from structlog.testing import capture_logs
+
+    import prl.cli.run as run
+
+    monkeypatch.setattr(run, "STOP_WAIT_S", 0.05)
+    release = threading.Event()
+
+    class InItsCall:
+        name = "producer"
+
+        def run(self, stop):
+            release.wait(10)
+            raise ValueError("not enough values to unpack (expected 4, got 1)")
+
+    with capture_logs() as logs:
+        background = run.Background([InItsCall()])
+        if stopped_first:
+            background.stop()
+        release.set()
+        background.threads[0].join(10)
+        background.stop()
+    events = [(e["event"], e["log_level"]) for e in logs]
+    if stopped_first:
+        assert events == [("services_left_running", "warning"), ("left_service_ended", "info")]
+        assert not background.failures
+    else:
+        assert events == [("service_failed", "error")] and len(background.failures) == 1
