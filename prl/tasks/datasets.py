@@ -83,6 +83,13 @@ def _env_args(row: dict, where: str) -> str:
     return json.dumps(parsed, sort_keys=True)
 
 
+def _difficulty(value) -> int:
+    """An integer difficulty: 2, or 2.0 (a pandas column with a gap is float); else 0 (a label)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _id(row: dict, n: int):
     if row.get("id") is not None:
         return row["id"]
@@ -121,8 +128,7 @@ def load_problems(uri: str, group_field: str | None = None) -> list[Problem]:
             raise DatasetError(f"{where}: missing column {group_field!r} (task.group_field)")
         difficulty = row.get("difficulty")
         group = str(row[group_field]) if group_field else ""
-        problems.append(Problem(pid, str(prompt), str(answer), difficulty if isinstance(difficulty, int) else 0, group, chat,
-                                _env_args(row, where)))
+        problems.append(Problem(pid, str(prompt), str(answer), _difficulty(difficulty), group, chat, _env_args(row, where)))
     if not problems:
         raise DatasetError(f"{uri}: no rows")
     return problems

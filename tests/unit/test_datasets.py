@@ -22,6 +22,14 @@ def test_jsonl_plain(tmp_path):
     assert [p.group for p in load_problems(uri, group_field="difficulty")] == ["1", "2"]  # the label, when asked for
 
 
+def test_a_difficulty_column_with_gaps_still_splits_the_held_out_accuracy(tmp_path):
+    """pandas writes an integer column with a missing value as float: 2.0 was read as 0."""
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "prompt": ["1+1=", "2+2=", "3+3=", "4+4="],
+                             "answer": ["2", "4", "6", "8"], "difficulty": [1.0, None, 2.0, 2.5]}), path)
+    assert [p.difficulty for p in load_problems(str(path))] == [1, 0, 2, 0]
+
+
 def test_verl_style_parquet_through_fsspec():
     table = pa.Table.from_pylist([
         {"prompt": [{"role": "user", "content": "What is 2+2?"}], "reward_model": {"ground_truth": "4", "style": "rule"},
