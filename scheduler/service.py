@@ -217,7 +217,7 @@ class Scheduler(Service):
             self.metrics.write("eval", values, **context)
 
     def ask_evaluation(self, version: int) -> None:
-        """Evaluate ``version`` too (thread-safe: `prl run` asks for the version its budget ended at)."""
+        """Evaluate ``version`` too (thread-safe: a caller's thread may ask)."""
         self.asked.append(version)
 
     def ask_to_finish(self, evaluate: int | None = None) -> None:
