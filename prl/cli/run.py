@@ -113,14 +113,18 @@ def run_pipeline(cfg, progress: bool = True, max_rollouts: int | None = None, ma
                       evaluated_before=tuple(e.version for e in scheduler.evaluator.done()))
     console.t0 = budget.t0  # the wall time counts from the start, model loading included
     stop = stop or threading.Event()
+    ended = False
     try:
         train(learner, scheduler, background, budget, console, stop)
         wind_down(cfg, learner, scheduler, producer, background, console, stop.is_set())
+        ended = True
     finally:
         console.close()
         background.stop()
         learner.close()
         metrics.close()
+        if not ended or background.failures:
+            draw_what_ran(cfg, scheduler)
     if background.failures:
         raise background.failures[0]
     draw(cfg, scheduler)
@@ -181,6 +185,15 @@ def draw(cfg, scheduler) -> None:
     learning_curve(read_run_metrics(run_dir), f"{run_dir}/learning_curve.png")
     priority_histogram(scheduler.sampler.priorities(), scheduler.sampler.success_rates(), f"{run_dir}/priority_histogram.png",
                        f"scheduler at the end ({cfg.scheduler.strategy})")
+
+
+def draw_what_ran(cfg, scheduler) -> None:
+    """A run that failed still leaves the curves of what it did (a continued run had removed the
+    earlier ones); a failure to draw them is logged, the run's own failure is what is raised."""
+    try:
+        draw(cfg, scheduler)
+    except Exception as exc:
+        log.warning("curves_not_drawn", error=one_line(exc))
 
 
 def summarize(learner, scheduler, first_step: int, seconds: float) -> dict:

@@ -1026,3 +1026,22 @@ def test_a_run_directory_started_with_relative_paths_serves_every_command_from_a
     assert main(["run", "--run-dir", run_dir, "--max-steps", "2", *argv]) == 0
     assert main(["model", "export", run_dir, "exported"]) == 0, capsys.readouterr().err
     assert (elsewhere / "exported" / "config.json").exists()
+
+
+def test_a_run_that_fails_still_draws_the_curves_of_what_it_did(tmp_path, monkeypatch):
+    """A service failing after some steps stops `prl run` with its error; the learning curve of
+    the steps before it is drawn (it was not, and a continued run had removed the earlier one)."""
+    from prl.cli import main
+    from prl.scheduler.service import Scheduler
+
+    publish = Scheduler.publish_batch
+
+    def failing_later(self, batch):
+        if batch.seq >= 3 and self.evaluator.done():  # after steps and an evaluation to draw
+            raise RuntimeError("a bug in the scheduler")
+        publish(self, batch)
+
+    monkeypatch.setattr(Scheduler, "publish_batch", failing_later)
+    with pytest.raises(RuntimeError, match="a bug in the scheduler"):
+        main(["run", "--run-dir", str(tmp_path / "run"), "--max-steps", "50", "--no-progress"])
+    assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 0
