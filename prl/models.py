@@ -41,7 +41,8 @@ def resolve_model_dir(path: str) -> Path:
         if not (local / "config.json").exists():
             copy_model_dir(fs, root, local, path)
     if not (local / "config.json").is_file():
-        raise ModelNotFound(path, "no such directory" if not local.exists() else "no config.json in it")
+        where = f" under {Path.cwd()}" if "://" not in path and not os.path.isabs(path) else ""  # relative: to the command's
+        raise ModelNotFound(path, f"no such directory{where}" if not local.exists() else "no config.json in it")
     return local
 
 

@@ -23,6 +23,14 @@ def test_a_missing_directory_or_one_without_config_json_is_named(tmp_path):
         resolve_model_dir(str(tmp_path))
 
 
+def test_a_relative_model_path_that_names_nothing_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    """The examples name models relative to the repository: run from elsewhere, the one line said
+    "no such directory" without where."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelNotFound, match=f"'runs/models/m': no such directory under {tmp_path};"):
+        resolve_model_dir("runs/models/m")
+
+
 def test_a_remote_model_is_copied_to_the_cache_once(cache):
     fs = fsspec.filesystem("memory")
     fs.pipe({"/m1/config.json": b"{}", "/m1/model.safetensors": b"weights"})
