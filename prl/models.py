@@ -11,6 +11,7 @@ from pathlib import Path
 import fsspec
 
 from prl.errors import one_line
+from prl.storage import looked_under
 
 # The files of a model directory besides its weights (config, tokenizer, chat template): copied
 # into every checkpoint and every exported model, so either loads on its own.
@@ -41,8 +42,7 @@ def resolve_model_dir(path: str) -> Path:
         if not (local / "config.json").exists():
             copy_model_dir(fs, root, local, path)
     if not (local / "config.json").is_file():
-        where = f" under {Path.cwd()}" if "://" not in path and not os.path.isabs(path) else ""  # relative: to the command's
-        raise ModelNotFound(path, f"no such directory{where}" if not local.exists() else "no config.json in it")
+        raise ModelNotFound(path, f"no such directory{looked_under(path)}" if not local.exists() else "no config.json in it")
     return local
 
 

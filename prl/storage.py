@@ -55,6 +55,16 @@ UNREACHABLE = frozenset({"ConnectionError", "ClientConnectionError", "EndpointCo
 RETRY_WAITS_S, RETRY_FOR_S = (0.5, 5.0), 600.0
 
 
+def relative_local(path: str) -> bool:
+    """Whether ``path`` is a local path relative to the working directory (not a URI)."""
+    return bool(path) and "://" not in path and not os.path.isabs(path)
+
+
+def looked_under(path: str) -> str:
+    """For a message about ``path`` not found: " under <working directory>" if it is relative."""
+    return f" under {os.getcwd()}" if relative_local(path) else ""
+
+
 def unreachable(exc: BaseException | None) -> bool:
     """Whether ``exc``, or an error that led to it, says object storage could not be reached."""
     seen = set()

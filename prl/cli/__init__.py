@@ -88,6 +88,8 @@ def keep_config(cfg) -> None:
 def anchored(cfg):
     """``cfg`` with its relative local paths (LOCAL_PATHS) resolved against the working
     directory, as the command that read them did; URIs and builtin: models as they are."""
+    from prl.storage import relative_local
+
     data = cfg.model_dump(mode="json")
     for keys in LOCAL_PATHS:
         *sections, name = keys
@@ -95,7 +97,7 @@ def anchored(cfg):
         for section in sections:
             node = node[section]
         value = node[name]
-        if value and "://" not in value and not value.startswith("builtin:") and not os.path.isabs(value):
+        if value and relative_local(value) and not value.startswith("builtin:"):
             node[name] = os.path.abspath(value)
     return type(cfg).model_validate(data)
 

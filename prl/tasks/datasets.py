@@ -18,6 +18,7 @@ import json
 import fsspec
 import pyarrow as pa
 
+from prl.storage import looked_under
 from prl.tasks.addition import Problem
 
 
@@ -34,7 +35,7 @@ def read_rows(uri: str, hint: str = DATASET_HINT) -> list[dict]:
     try:
         return _read_rows(uri)
     except FileNotFoundError:
-        raise DatasetError(f"{uri}: no such file ({hint})") from None
+        raise DatasetError(f"{uri}: no such file{looked_under(uri)} ({hint})") from None
     except pa.ArrowException as exc:
         raise DatasetError(f"{uri}: not a readable Parquet file ({exc}); write it again") from None
     except UnicodeDecodeError as exc:

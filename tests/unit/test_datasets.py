@@ -70,6 +70,12 @@ def test_an_unreadable_file_is_one_line_naming_it(tmp_path, name, content, messa
     assert str(exc.value).startswith(f"{path}: {message}")
 
 
+def test_a_relative_path_that_names_nothing_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError, match=f"^runs/data/t.parquet: no such file under {tmp_path} \\(task.train_path"):
+        load_problems("runs/data/t.parquet")
+
+
 def test_scheduler_runs_on_a_dataset(tmp_path):
     from prl.transport.memory import MemoryTransport
     from prl.scheduler.service import Scheduler
