@@ -92,6 +92,21 @@ def context_length(config) -> int:
     return int(positions * factor) if factor and factor > 1 else int(positions)
 
 
+def model_context(path: str) -> int | None:
+    """The context length of the model at ``path`` from its config.json alone (a scheduler
+    checks groups against it without the weights); None where that cannot be read."""
+    import json
+    from types import SimpleNamespace
+
+    uri = str(BUILTIN[path] / "config.json") if path in BUILTIN else f"{path.rstrip('/')}/config.json"
+    try:
+        with fsspec.open(uri, "rb") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return context_length(SimpleNamespace(**config)) if isinstance(config, dict) else None
+
+
 def export_state(model, state: dict | None = None) -> dict:
     """Weights to save (``state``, default the model's own): HF layout, tied output
     embeddings left out (loaders re-tie them)."""

@@ -26,6 +26,7 @@ that wait to answer evaluations stop) and finishes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import time
 import uuid
@@ -39,6 +40,7 @@ from prl.ending import declare_finished
 from prl.errors import one_line
 from prl.logs import Recurring
 from prl.metrics import latency_bucket
+from prl.models import model_context
 from prl.service import Service, ServiceStopped
 from prl.trust import version_problem
 from prl.tasks import group_indices, heldout_problems, train_problems
@@ -316,15 +318,24 @@ class Scheduler(Service):
             return False
         return True
 
+    @functools.cached_property
+    def context(self) -> int | None:
+        """The model's context, from its config.json alone (None, unread: groups are not checked
+        against it here; the learner still is)."""
+        return model_context(self.cfg.model.path)
+
     def unlike_asked(self, group: RolloutGroup) -> str | None:
         """Why ``group`` was not sampled as every dispatch asks (the run's temperature; for one
-        turn, at most sampling.max_tokens a completion): trained, it would spoil its whole batch
-        (the learner refuses a batch of mixed temperatures or a rollout past the context)."""
+        turn, at most sampling.max_tokens a completion; a prompt and completion, or an episode,
+        within the model's context): trained, it would spoil its whole batch (the learner refuses
+        a batch of mixed temperatures or a rollout past the context)."""
         if not group.error and group.temperature != self.sampling.temperature:
             return f"temperature {group.temperature}, the run samples at {self.sampling.temperature}"
         longest = max((len(r.completion_ids) for r in group.rollouts), default=0)
         if not self.cfg.task.environment and longest > self.sampling.max_tokens:
             return f"a completion of {longest} tokens, sampling.max_tokens is {self.sampling.max_tokens}"
+        if self.context is not None and group.has_completions and len(group.prompt_ids) + longest > self.context:
+            return f"a rollout of {len(group.prompt_ids) + longest} tokens, over the model's context of {self.context}"
         return None
 
     def accept_evaluation(self, msg, result: EvalResult) -> None:

@@ -300,6 +300,25 @@ def test_scheduler_dead_letters_a_group_not_sampled_as_asked(tmp_path, temperatu
     assert did in scheduler.in_flight and scheduler.groups_returned == 0
 
 
+@pytest.mark.parametrize("environment, prompt, completion", [("", 60, 8), ("prl.environments:Calculator", 4, 70)],
+                         ids=["a prompt past the context", "an episode past the context"])
+def test_scheduler_dead_letters_a_group_past_the_models_context(tmp_path, environment, prompt, completion):
+    """The model (tiny-adder) takes 64 positions. A group whose prompt and completion, or whose
+    multi-turn episode (no sampling.max_tokens bounds it), is longer would make the learner refuse
+    the whole batch it joined: dead-lettered, the dispatch stays in flight."""
+    run = Run(config(tmp_path, **({"task.environment": json.dumps(environment)} if environment else {})))
+    scheduler = Scheduler(run.cfg, run.transport)
+    scheduler.step()
+    did, flight = next(iter(scheduler.in_flight.items()))
+    pid = scheduler.problems[flight.problem].id
+    rollouts = [Rollout([4] * completion, [-0.1] * completion, float(i % 2), "stop") for i in range(flight.group_size)]
+    run.inject(ROLLOUTS, RolloutGroup(did, pid, 0, "p", [1] * prompt, 1.0, rollouts))
+    scheduler.step()
+    dead = run.dead()
+    assert [d.reason for d in dead] == ["not_as_asked"] and "over the model's context of 64" in dead[0].detail
+    assert did in scheduler.in_flight and scheduler.groups_returned == 0
+
+
 def test_scheduler_dead_letters_a_group_for_another_problem_than_its_dispatch(tmp_path):
     """A result is counted and trained under its dispatch's problem: one that names another
     problem (its prompt and rewards are that problem's) is dead-lettered, and the dispatch stays
