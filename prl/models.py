@@ -11,7 +11,7 @@ from pathlib import Path
 import fsspec
 
 from prl.errors import one_line
-from prl.storage import looked_under
+from prl.storage import looked_under, unreachable
 
 # The files of a model directory besides its weights (config, tokenizer, chat template): copied
 # into every checkpoint and every exported model, so either loads on its own.
@@ -94,7 +94,8 @@ def context_length(config) -> int:
 
 def model_context(path: str) -> int | None:
     """The context length of the model at ``path`` from its config.json alone (a scheduler
-    checks groups against it without the weights); None where that cannot be read."""
+    checks groups against it without the weights); None where that cannot be read, but an
+    unreachable store raises (the caller's step is tried again)."""
     import json
     from types import SimpleNamespace
 
@@ -102,7 +103,9 @@ def model_context(path: str) -> int | None:
     try:
         with fsspec.open(uri, "rb") as f:
             config = json.load(f)
-    except (OSError, ValueError):
+    except Exception as exc:  # no such file, no access, no filesystem for the scheme, not JSON
+        if unreachable(exc):
+            raise
         return None
     return context_length(SimpleNamespace(**config)) if isinstance(config, dict) else None
 

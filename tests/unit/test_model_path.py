@@ -72,3 +72,22 @@ def test_a_models_context_counts_its_rope_scaling_as_vllm_does():
     assert context_length(Config(max_position_embeddings=32768, rope_scaling={"rope_type": "yarn", "factor": 4.0})) == 131072
     assert context_length(Config(max_position_embeddings=8192, rope_parameters={"rope_type": "default"})) == 8192
     assert context_length(Config()) == 1 << 30
+
+
+def test_a_models_context_is_read_from_its_config_alone_or_is_unknown(tmp_path, monkeypatch):
+    """What the scheduler checks groups against: the builtin's 64 positions; None where there is
+    no config.json, no filesystem for the scheme, or no JSON; an unreachable store raises (its
+    step is tried again) rather than leave groups unchecked for the whole run."""
+    from prl.models import model_context
+
+    assert model_context("builtin:tiny-adder") == 64
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    assert [model_context(p) for p in (str(tmp_path / "none"), "nosuchscheme://m", str(tmp_path / "bad"))] == [None] * 3
+
+    def refused(*args, **kwargs):
+        raise ConnectionRefusedError("connection refused")
+
+    monkeypatch.setattr(models.fsspec, "open", refused)
+    with pytest.raises(ConnectionRefusedError):
+        model_context("s3://bucket/model")
