@@ -103,6 +103,7 @@ class Learner(Service):
     name = role = "learner"
     reads, writes = (BATCHES, ROLLOUTS), (POLICY,)  # rollouts: claim-check batches are fetched from it
     retries_storage = False  # a step is not repeated after it trained: its writes wait out the object store (storage.retried)
+    checkpoint_seconds = 0.0  # what the last checkpoint cost the step (prl run's budget keeps that for the last one)
 
     def __init__(self, cfg, transport, metrics=None, batches_from: str | None = None):
         """``batches_from``: train from a file of TrainBatch records (path or fsspec URI) instead
@@ -459,7 +460,7 @@ class Learner(Service):
         if self.version % self.cfg.learner.checkpoint_every == 0 or self.version >= self.cfg.learner.max_steps:
             t1 = time.perf_counter()
             self.save()
-            stats["checkpoint_seconds"] = time.perf_counter() - t1
+            self.checkpoint_seconds = stats["checkpoint_seconds"] = time.perf_counter() - t1
         self.last_stats = stats
         self.emit(stats, step=self.version, rollouts_generated=self.rollouts_generated, batch_seq=batch.seq)
 

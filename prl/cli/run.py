@@ -221,8 +221,8 @@ def train(learner, scheduler, background: "Background", budget: "Budget", consol
 
 
 class Budget:
-    """When to stop: a rollout count, or wall time less what one more step and the final
-    evaluation will take."""
+    """When to stop: a rollout count, or wall time less what one more step, the final
+    evaluation and the last checkpoint will take (each as long as the last of its kind)."""
 
     def __init__(self, max_rollouts: int | None, max_seconds: float | None):
         self.max_rollouts, self.max_seconds = max_rollouts, max_seconds
@@ -246,7 +246,7 @@ class Budget:
             return False
         done = scheduler.evaluator.done()
         final_eval = done[-1].figures["eval_seconds"] if done else 0.0
-        return self.elapsed() + self.step_seconds + final_eval >= self.max_seconds
+        return self.elapsed() + self.step_seconds + final_eval + learner.checkpoint_seconds >= self.max_seconds
 
 
 class Background:

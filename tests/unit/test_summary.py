@@ -176,3 +176,22 @@ def test_a_continued_run_does_not_show_again_the_evaluations_of_the_run_before(c
     console = Console(40, 20, fmt="json", rollouts_before=2000, evaluated_before=(0, 10, 20))
     console.update(learner, scheduler)
     assert [json.loads(line)["step"] for line in capsys.readouterr().err.splitlines()] == [30]
+
+
+def test_a_budget_keeps_time_for_the_last_checkpoint_too():
+    """`--max-minutes`: training stops when one more step, the final evaluation and the last
+    checkpoint (each as long as the last of its kind) would not fit; the checkpoint, seconds
+    for a real model on a CPU, was not counted."""
+    from types import SimpleNamespace
+
+    from prl.cli.run import Budget
+
+    budget = Budget(None, 100.0)
+    budget.t0 -= 45.0  # 45 s spent
+    budget.step_seconds = 10.0
+    evaluation = SimpleNamespace(figures={"eval_seconds": 30.0})
+    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: [evaluation]))
+    learner = SimpleNamespace(rollouts_generated=0, checkpoint_seconds=0.0)
+    assert not budget.spent(learner, scheduler)  # 85 s of 100
+    learner.checkpoint_seconds = 20.0
+    assert budget.spent(learner, scheduler)  # 105 s
