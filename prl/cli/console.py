@@ -31,7 +31,7 @@ class Console:
             from tqdm import tqdm
 
             if max_seconds:
-                bar = dict(total=round(max_seconds), desc="wall time", bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} s [{postfix}]")
+                bar = dict(total=round(max_seconds), desc="wall time", bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} s{postfix}")
             else:
                 bar = dict(total=total_steps, initial=first_step, desc="learner steps", unit="step")
             self.bar = tqdm(**bar, dynamic_ncols=True, file=sys.stderr)
@@ -40,16 +40,20 @@ class Console:
         self.t0 = self.last_line_at = time.perf_counter()
 
     def update(self, learner, scheduler) -> None:
-        """After a learner step: move the bar; one line when an evaluation happened."""
+        """After a learner step (or a wait for one): move the bar, the rollouts generated beside
+        it (before the first step, what shows the run is working); one line when an evaluation
+        happened."""
+        rollouts = f"{scheduler.rollouts_generated:,} rollouts"
         if self.bar is not None:
             if self.max_seconds:
                 self.bar.n = min(self.bar.total, round(time.perf_counter() - self.t0))
-                self.bar.set_postfix_str(f"step {learner.version}/{self.total_steps}", refresh=False)
+                self.bar.set_postfix_str(f"step {learner.version}/{self.total_steps}, {rollouts}", refresh=False)
             else:
                 self.bar.n = learner.version
+                self.bar.set_postfix_str(rollouts, refresh=False)
             self.bar.refresh()
         elif self.plain and time.perf_counter() - self.last_line_at >= PLAIN_PROGRESS_S:
-            self.emit_progress(learner.version)
+            self.emit_progress(learner.version, rollouts)
         if (kl := getattr(learner, "last_stats", {}).get("mismatch/kl")) is not None:
             self.mismatch = (kl, learner.version)
         for e in scheduler.evaluator.done():  # evaluations finish on the scheduler's thread, in any order
@@ -62,10 +66,10 @@ class Console:
         started = time.time() - (time.perf_counter() - self.t0)
         return (evaluation.rollouts_generated - self.rollouts_before) / max(evaluation.started_at - started, 1e-9)
 
-    def emit_progress(self, step: int) -> None:
+    def emit_progress(self, step: int, rollouts: str) -> None:
         seconds = time.perf_counter() - self.t0
         bound = f"{seconds:.0f} of {self.max_seconds:.0f} s" if self.max_seconds else f"{seconds:.0f} s"
-        print(f"learner steps {step}/{self.total_steps}  {bound}", file=sys.stderr, flush=True)
+        print(f"learner steps {step}/{self.total_steps}  {bound}  {rollouts}", file=sys.stderr, flush=True)
         self.last_line_at = time.perf_counter()
 
     def emit(self, figures: dict) -> None:

@@ -56,7 +56,7 @@ def test_an_evaluation_line_shows_the_newest_mismatch_measured_though_its_step_h
 
     evaluation = SimpleNamespace(version=4, rollouts_generated=512, started_at=time.time(), figures={"accuracy": 0.5})
     done = []
-    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
+    scheduler = SimpleNamespace(rollouts_generated=384, evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
                                 groups_with_signal=6, counters={})
     learner = SimpleNamespace(counters={}, rollouts_generated=512, version=3,
                               last_stats={"mismatch/kl": 2e-4, "mean_reward": 0.3})
@@ -76,7 +76,7 @@ def test_an_evaluation_line_shows_the_policys_entropy_on_the_last_steps_fresh_ro
 
     from prl.cli.console import Console
 
-    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: [SimpleNamespace(
+    scheduler = SimpleNamespace(rollouts_generated=384, evaluator=SimpleNamespace(done=lambda: [SimpleNamespace(
         version=4, rollouts_generated=512, started_at=time.time(), figures={"accuracy": 0.5})]),
                                 groups_returned=8, groups_with_signal=6, counters={})
     learner = SimpleNamespace(counters={}, rollouts_generated=512, version=4,
@@ -102,12 +102,14 @@ def test_the_summary_counts_every_rollout_generated_not_the_last_trained_batchs(
 
 
 def test_a_console_that_is_not_a_terminal_gets_a_plain_line_when_none_came_for_a_while(capsys):
-    """Redirected to a file or a pod's log, a progress bar is one endless line of redraws."""
+    """Redirected to a file or a pod's log, a progress bar is one endless line of redraws. The
+    line gives the rollouts generated: before the first step, minutes on a CPU, the only sign
+    that the run is working."""
     from types import SimpleNamespace
 
     from prl.cli.console import PLAIN_PROGRESS_S, Console
 
-    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: []))
+    scheduler = SimpleNamespace(rollouts_generated=384, evaluator=SimpleNamespace(done=lambda: []))
     learner = SimpleNamespace(version=3, last_stats={})
     console = Console(10, 0, fmt="console", enabled=True, max_seconds=900)
     assert console.bar is None  # capsys's stderr is not a terminal
@@ -119,7 +121,7 @@ def test_a_console_that_is_not_a_terminal_gets_a_plain_line_when_none_came_for_a
     console.update(learner, scheduler)
     console.close()
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("learner steps 3/10  ") and lines[0].endswith(" of 900 s")
+    assert len(lines) == 1 and lines[0].startswith("learner steps 3/10  ") and lines[0].endswith(" of 900 s  384 rollouts")
 
 
 def test_an_evaluation_line_gives_the_rollouts_until_it_was_asked_and_their_rate(capsys):
@@ -131,7 +133,7 @@ def test_an_evaluation_line_gives_the_rollouts_until_it_was_asked_and_their_rate
     from prl.cli.console import Console
 
     done = []
-    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
+    scheduler = SimpleNamespace(rollouts_generated=384, evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
                                 groups_with_signal=6, counters={})
     learner = SimpleNamespace(counters={}, rollouts_generated=4096, version=12, last_stats={})
     console = Console(100, 10, fmt="json", rollouts_before=1000)
@@ -152,7 +154,7 @@ def test_before_any_step_a_line_shows_no_reward_or_zero_signal_share(capsys):
     from prl.cli.console import Console
 
     evaluation = SimpleNamespace(version=0, rollouts_generated=0, started_at=time.time(), figures={"accuracy": 0.332})
-    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: [evaluation]), groups_returned=0,
+    scheduler = SimpleNamespace(rollouts_generated=384, evaluator=SimpleNamespace(done=lambda: [evaluation]), groups_returned=0,
                                 groups_with_signal=0, counters={})
     learner = SimpleNamespace(counters={}, rollouts_generated=0, version=0, last_stats={})
     console = Console(10, 0, fmt="console", enabled=True)
@@ -170,7 +172,7 @@ def test_a_continued_run_does_not_show_again_the_evaluations_of_the_run_before(c
 
     done = [SimpleNamespace(version=v, rollouts_generated=100 * v, started_at=time.time(), figures={"accuracy": 0.5})
             for v in (0, 10, 20, 30)]
-    scheduler = SimpleNamespace(evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
+    scheduler = SimpleNamespace(rollouts_generated=384, evaluator=SimpleNamespace(done=lambda: list(done)), groups_returned=8,
                                 groups_with_signal=6, counters={})
     learner = SimpleNamespace(counters={}, version=30, last_stats={"mean_reward": 0.4})
     console = Console(40, 20, fmt="json", rollouts_before=2000, evaluated_before=(0, 10, 20))
