@@ -227,7 +227,7 @@ class Scheduler(Service):
         ``evaluate`` is evaluated too (thread-safe: `prl run`, whose budget ended before it). No
         training problem is dispatched after it: what it would generate is never trained."""
         if evaluate is not None:
-            self.asked.append(evaluate)
+            self.ask_evaluation(evaluate)
         self.finish_asked = True
 
     def read_policy(self) -> None:
