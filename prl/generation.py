@@ -15,6 +15,7 @@ import abc
 import contextlib
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prl.schemas import Sampling
@@ -36,6 +37,7 @@ class Request:
 
 class Backend(abc.ABC):
     version: int = 0  # the policy version whose weights are loaded
+    base: dict | None = None  # the weights served at start, where kept to merge adapters into
 
     @abc.abstractmethod
     def generate(self, requests: list[Request], *, greedy: bool = False) -> list[list[Completion]]:
@@ -48,6 +50,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def load_adapter(self, tensors: dict, version: int) -> None:
         """Serve the base model with this LoRA adapter (peft's tensor names, verified)."""
+
+    def load_base(self, read: Callable[[], dict]) -> None:
+        """Serve the weights served at start again, as version 0: the copy kept to merge
+        adapters into where there is one (one copy of the base in a producer), else ``read()``'s."""
+        self.load_state(self.base if self.base is not None else read(), 0)
 
     @abc.abstractmethod
     def encode(self, text: str, chat: bool = False) -> list[int]:
@@ -82,7 +89,6 @@ class TransformersBackend(Backend):
         self.model = model
         self.device = module_device(model)  # prompts go where the model is
         self.tokenizer = tokenizer
-        self.base: dict | None = None  # the base weights, kept once an adapter is first applied
         self.max_model_len = context_length(model.config)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
@@ -271,7 +277,7 @@ class VLLMBackend(Backend):
         served = lora_rank and not self.merge_adapters
         lora = dict(enable_lora=True, max_lora_rank=lora_rank, max_loras=2) if served else {}
         self.lora_request = None  # the adapter every generate call applies (learner.lora_rank, served by vLLM)
-        self.base: dict | None = None  # the base weights an adapter is merged into (merge_adapters), once one is
+        self.weights_at_start = True  # no load_state since the start: only adapters were served on top
 
         self.llm = LLM(
             model=str(self.model_dir),
@@ -299,7 +305,7 @@ class VLLMBackend(Backend):
         into them, never pickled tensors)."""
         from safetensors.torch import save_file
 
-        self.lora_request = None  # whole weights: no adapter on top
+        self.lora_request, self.weights_at_start = None, False  # whole weights: no adapter on top
         if self.in_process:
             self.llm.collective_rpc("prl_load_tensors", args=(tensors,))
         else:
@@ -326,6 +332,13 @@ class VLLMBackend(Backend):
         write_adapter_dir(directory, tensors, str(self.model_dir))
         self.lora_request = LoRARequest(f"v{version}", version + 1, str(directory))
         self.version = version
+
+    def load_base(self, read):
+        """The base weights (merged adapters), or no adapter on the weights never replaced
+        (vLLM's LoRA: nothing to load)."""
+        if not self.weights_at_start:
+            super().load_base(read)
+        self.lora_request, self.version, self.weights_at_start = None, 0, True
 
     def generate(self, requests, *, greedy=False):
         from vllm import SamplingParams

@@ -229,15 +229,21 @@ class Producer(Service):
             self.backend.load_adapter(tensors, version)
             return
         if kind == "base":
-            if self.base is None:  # as the backend serves it at start: rounded to model.dtype
-                import torch
-
-                from prl.models import export_state, load_model
-
-                dtype = getattr(torch, self.cfg.model.dtype)
-                self.base = {k: v.to(dtype) for k, v in export_state(load_model(self.cfg.model.path)).items()}
-            tensors = self.base
+            self.backend.load_base(self.base_weights)
+            return
         self.backend.load_state(tensors, version)
+
+    def base_weights(self) -> dict:
+        """The base model's weights as the backend serves them at start (rounded to model.dtype),
+        read once, for a backend that keeps no copy of its own."""
+        if self.base is None:
+            import torch
+
+            from prl.models import export_state, load_model
+
+            dtype = getattr(torch, self.cfg.model.dtype)
+            self.base = {k: v.to(dtype) for k, v in export_state(load_model(self.cfg.model.path)).items()}
+        return self.base
 
     def poll_dispatches(self) -> list:
         """Up to max_dispatches_per_call dispatches: wait for the first, then linger briefly

@@ -131,7 +131,8 @@ def assert_a_torn_version_is_refused(cfg, producer) -> None:
 def test_a_lora_learner_publishes_the_adapter_alone_and_the_producer_serves_it(smollm2, tmp_path):
     """learner.lora_rank = 8 through peft: one GRPO step trains the adapter on the frozen base;
     the version is the adapter alone (under 2% of the bf16 weights' bytes), and the producer
-    serves exactly the base with the learner's adapter, rounded to bf16, merged in."""
+    serves exactly the base with the learner's adapter, rounded to bf16, merged in; the base
+    again (version 0) from the one copy it keeps."""
     import torch
 
     from prl.models import merge_adapter
@@ -148,6 +149,9 @@ def test_a_lora_learner_publishes_the_adapter_alone_and_the_producer_serves_it(s
     expected, served = merge_adapter(base, adapter), producer.backend.model.state_dict()
     assert all(torch.equal(served[k], expected[k]) for k in expected)
     assert any(not torch.equal(served[k], base[k]) for k in expected)
+    producer.load("base", None, 0)  # as to evaluate version 0: from the backend's copy of the base, no second one
+    served = producer.backend.model.state_dict()
+    assert producer.base is None and all(torch.equal(served[k], base[k]) for k in base)
     for service in (learner, scheduler, producer):
         service.close()
 

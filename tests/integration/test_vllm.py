@@ -191,7 +191,8 @@ def test_a_peft_adapter_generates_in_vllm_as_its_merged_weights(model_dir, merge
     """learner.lora_rank: an adapter as peft trains and the learner publishes it (B no longer
     zero, as after some steps) scores in the transformers backend, which merges it, as in peft's
     own model; vLLM serves the same adapter with the merged model's greedy tokens, merged into
-    its weights (a CPU's way) or through its LoRA support (a GPU's)."""
+    its weights (a CPU's way) or through its LoRA support (a GPU's); and the base again (version
+    0) without reading it."""
     from peft import get_peft_model, get_peft_model_state_dict
 
     from prl.models import lora_config
@@ -218,6 +219,8 @@ def test_a_peft_adapter_generates_in_vllm_as_its_merged_weights(model_dir, merge
         after = [g[0].token_ids for g in lora_engine.generate(reqs, greedy=True)]
         assert after == [g[0].token_ids for g in merged.generate(reqs, greedy=True)]
         assert after != before and (lora_engine.lora_request is None) == merge
+        lora_engine.load_base(lambda: pytest.fail("read the base though the engine keeps it or never replaced it"))
+        assert [g[0].token_ids for g in lora_engine.generate(reqs, greedy=True)] == before and lora_engine.version == 0
     finally:
         del lora_engine.llm
 
