@@ -1,6 +1,7 @@
 """Environment failures end in one line naming the thing and the fix, exit code 2, fast."""
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -111,10 +112,14 @@ def test_a_run_continued_or_explained_with_another_strategy_is_one_line(tmp_path
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
-def test_a_config_that_asks_for_cuda_without_one_is_one_line_and_exit_2(tmp_path, capsys):
+@pytest.mark.parametrize("ask", [["--set", 'run.device="cuda"'], ["--config", "examples/smollm2-chain-sum-gpu.toml"]],
+                         ids=["run.device", "the GPU example"])
+def test_a_config_that_asks_for_cuda_without_one_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, ask):
     """run.device = "cuda" on a machine where torch sees no GPU: the thing and the fix, no
-    traceback, before a model is loaded."""
-    assert main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--set", 'run.device="cuda"']) == 2
+    traceback, before a model is loaded. The GPU example asks for it: on a CPU it ran, an
+    engine call of hours, with no word on why."""
+    monkeypatch.chdir(Path(__file__).parents[2])
+    assert main(["run", "--run-dir", str(tmp_path / "run"), "--no-progress", *ask]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "run.device = 'cuda' but torch" in err and "sees no CUDA GPU" in err and 'run.device = "auto"' in err
