@@ -30,9 +30,10 @@ def shapes(tensors):
     return {k: tuple(v.shape) for k, v in tensors.items()}
 
 
-def test_a_delta_rebuilds_the_new_bits_exactly_and_costs_what_changed():
-    old = policy.flat_bits(weights(), ["a.weight", "b.bias"], "bfloat16")
-    new = policy.flat_bits(step(weights()), ["a.weight", "b.bias"], "bfloat16")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_delta_rebuilds_the_new_bits_exactly_and_costs_what_changed(dtype):
+    old = policy.flat_bits(weights(), ["a.weight", "b.bias"], dtype)
+    new = policy.flat_bits(step(weights()), ["a.weight", "b.bias"], dtype)
     blob = encode_delta(new, old)
     assert np.array_equal(apply_delta(old, blob), new)
     changed = float((new != old).mean())
