@@ -87,8 +87,10 @@ def weights_checksum(bits: np.ndarray) -> str:
 def encode_delta(new: np.ndarray, old: np.ndarray) -> bytes:
     """zstd of new XOR old, its bytes split into planes (low bytes of every element, then the
     next): the planes of an ulp-sized change are mostly zeros."""
-    x = np.bitwise_xor(new, old)
-    planes = np.ascontiguousarray(x.view(np.uint8).reshape(-1, x.itemsize).T)
+    planes = np.empty((new.itemsize, new.size), dtype=np.uint8)
+    new_bytes, old_bytes = new.view(np.uint8), old.view(np.uint8)
+    for k, plane in enumerate(planes):  # the XOR of byte k of every element, in one pass: no temporary array
+        np.bitwise_xor(new_bytes[k::new.itemsize], old_bytes[k::new.itemsize], out=plane)
     return zstandard.ZstdCompressor(level=DELTA_LEVEL).compress(planes)  # the array's buffer, not a copy of it
 
 
