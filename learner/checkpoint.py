@@ -32,6 +32,7 @@ from prl.trust import checkpoint_name, checkpoint_root
 log = structlog.get_logger("checkpoint")
 
 CheckpointError = storage.StorageError
+IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")  # how AdamW runs, not what it learned
 
 
 root = checkpoint_root  # <run_dir>/checkpoints: where producers accept checkpoints from (prl/trust.py)
@@ -67,7 +68,9 @@ def restore_optimizer(optimizer, shards: list[dict], param_groups: list, d=None)
 
             full = distribute_tensor(full, param.device_mesh, [Shard(0)])
         state.setdefault(int(idx), {})[name] = full
-    optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+    own = optimizer.param_groups  # this process's implementation (fused or not), whatever the checkpoint's was
+    groups = [{**saved, **{k: g[k] for k in IMPLEMENTATION if k in g}} for saved, g in zip(param_groups, own)]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
 def checkpoint_files(step: int, weights: dict, optimizer, state: dict, base_model_dir: Path, rank: int = 0,

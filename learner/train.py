@@ -21,6 +21,7 @@ from prl.schemas import TrainRollout
 WEIGHT_DECAY = 0.01
 GRAD_CLIP = 1.0
 DUAL_CLIP = 10.0
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
 
 @dataclass
@@ -348,4 +349,7 @@ def log_ratio_quantile(counts: np.ndarray, q: float) -> float:
 
 
 def make_optimizer(model, cfg) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=WEIGHT_DECAY)
+    """AdamW, fused (one kernel over all the parameters, not a loop of kernels per tensor) where
+    the parameters' device has one."""
+    fused = module_device(model).type in FUSED_ADAMW_DEVICES
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=WEIGHT_DECAY, fused=fused or None)

@@ -3,12 +3,14 @@ data first, manifest, then `latest`; a half-written version is never loaded; kee
 checksums are checked on every read."""
 
 import json
+from types import SimpleNamespace
 
 import fsspec
 import pytest
 import torch
 
 from prl.learner import checkpoint
+from prl.learner.train import make_optimizer
 from prl import storage
 from prl.models import export_state, load_model, load_state, resolve_model_dir
 from tests.support.servers import S3Server
@@ -80,6 +82,12 @@ def test_learner_checkpoint_round_trip(root):
     load_state(fresh, checkpoint.read_checkpoint(uri).weights)
     for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), name
+    # The learner's AdamW is fused; a checkpoint of torch's default loop restores into it, and stays fused.
+    restored = make_optimizer(fresh, SimpleNamespace(lr=1e-3))
+    checkpoint.load_optimizer(checkpoint.read_checkpoint(uri), restored)
+    assert restored.param_groups[0]["fused"] and restored.param_groups[0]["lr"] == 1e-3
+    saved, got = optimizer.state_dict()["state"], restored.state_dict()["state"]
+    assert saved.keys() == got.keys() and all(torch.equal(saved[i][k], got[i][k]) for i in saved for k in saved[i])
 
 
 @pytest.mark.parametrize("damage", ["torn weights", "garbage latest", "latest outside the root", "no latest"])
