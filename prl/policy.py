@@ -103,7 +103,7 @@ def apply_delta(old: np.ndarray, blob: bytes) -> np.ndarray:
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(old.itemsize, -1)
     new = np.empty_like(old)
     interleaved = new.view(np.uint8)
-    for k, plane in enumerate(planes):  # byte k of every element: 2.3x faster than a transposed copy of the planes
+    for k, plane in enumerate(planes):  # byte k of every element (a transposed copy took 4.8x the rebuild: RESULTS)
         interleaved[k::old.itemsize] = plane
     return np.bitwise_xor(new, old, out=new)
 
