@@ -6,7 +6,10 @@ Built in: ``prl.tasks.addition:exact_match`` (the built-in task), ``prl.rewards:
 generator's own checker). A reward that raises, returns a non-number or runs past
 ``REWARD_TIMEOUT_S`` counts as 0.0 and is counted, and the producer warns (``reward_failed``,
 with the error and where it was raised, at the 1st, 10th, 100th, ... time); it goes on (a reward
-that needs longer, such as running code, enforces its own limit).
+that needs longer, such as running code, enforces its own limit). A reward that fails the same way
+on each of its first ``BROKEN_AFTER`` calls and never scores is broken, not unlucky (a typo, a
+missing dependency, a judge that refuses every connection): the producer stops, saying why
+(``RewardBroken``), instead of scoring every completion 0 for ever.
 """
 
 from __future__ import annotations
@@ -22,16 +25,25 @@ import structlog
 
 from prl.errors import raised_at
 from prl.logs import Recurring
+from prl.plugins import PluginError
 from prl.timed import TimedCalls, past_limit
 
 RewardFn = Callable[[str, str], float]
 REWARD_TIMEOUT_S = 10.0
+# Calls that failed the same way, from the first and with no score among them, that make a reward
+# broken: two generation calls of the default size (16 dispatches x 8 completions). One that fails
+# on some completions only (scoring them 0) differs in its errors, or scores the others.
+BROKEN_AFTER = 256
+
+
+class RewardBroken(PluginError):
+    """``producer.reward`` failed the same way on each of its first BROKEN_AFTER calls."""
 
 
 def load_reward(spec: str) -> RewardFn:
     from prl.plugins import load
 
-    return load(spec, "producer.reward")
+    return load(spec, "producer.reward", called_with=("completion", "answer"))
 
 
 def math_verify(completion: str, answer: str) -> float:
@@ -91,7 +103,8 @@ class RewardRunner:
     def __init__(self, fn: RewardFn, timeout_s: float = REWARD_TIMEOUT_S, log=None, workers: int = 1):
         self.fn, self.timeout_s = fn, timeout_s
         self.calls = TimedCalls(workers, "reward")
-        self.errors = self.timeouts = 0
+        self.errors = self.timeouts = self.scored = 0
+        self.failure, self.same_failures = "", 0  # the first failure, and how many failed as it did
         self.name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
         self.failed = Recurring(log or structlog.get_logger("prl.rewards"), "reward_failed")
 
@@ -101,27 +114,40 @@ class RewardRunner:
     def many(self, completions: list[str], answers: list[str]) -> list[float]:
         """The reward of each completion against its answer, in order."""
         finished = self.calls.run([(self.fn, pair) for pair in zip(completions, answers)], self.timeout_s)
-        return [self.timed_out() if f is None else self.value(f) for f in finished]
+        rewards = [self.timed_out() if f is None else self.value(f) for f in finished]
+        if self.broken():
+            raise RewardBroken(f"producer.reward {self.name} failed on each of its first {self.same_failures} calls and never "
+                               f"scored: {self.failure}; a reward is module:function(completion, answer) -> float, "
+                               "returning 0.0 for a wrong answer")
+        return rewards
+
+    def broken(self) -> bool:
+        """Whether each call so far failed the same way (timeouts aside), never scoring, BROKEN_AFTER times at least."""
+        return not self.scored and self.same_failures == self.errors >= BROKEN_AFTER
 
     def value(self, future: concurrent.futures.Future) -> float:
         """A finished call's reward; 0.0 for one that raised or is not a finite number (warned of)."""
         try:
             result = future.result()
         except Exception as exc:
-            self.errors += 1
-            self.failed("error", reward=self.name, error=f"{type(exc).__name__}: {exc}"[:400], at=raised_at(exc))
-            return 0.0
+            return self.failed_as("error", f"{type(exc).__name__}: {exc}"[:400], at=raised_at(exc))
         try:
             value = float(result)
         except (TypeError, ValueError):  # the function's fault, not this line's: no `at`
-            self.errors += 1
-            self.failed("not_a_number", reward=self.name, error=f"returned {repr(result)[:100]}; scored 0")
-            return 0.0
+            return self.failed_as("not_a_number", f"returned {repr(result)[:100]}; scored 0")
         if not math.isfinite(value):
-            self.errors += 1
-            self.failed("not_finite", reward=self.name, error=f"returned {value}; scored 0")
-            return 0.0
+            return self.failed_as("not_finite", f"returned {value}; scored 0")
+        self.scored += 1
         return value
+
+    def failed_as(self, kind: str, error: str, **where) -> float:
+        """Count and warn of a failed call (scored 0), and whether it failed as the first did."""
+        described = error.removesuffix("; scored 0") + (f" (at {where['at']})" if where.get("at") else "")
+        self.failure = self.failure or described
+        self.same_failures += described == self.failure
+        self.errors += 1
+        self.failed(kind, reward=self.name, error=error, **where)
+        return 0.0
 
     def timed_out(self) -> float:
         self.timeouts += 1

@@ -126,4 +126,4 @@ def make_sampler(cfg, groups):
         return PrioritySampler(groups, p.pseudo_count, p.retest_interval, seed, cfg.sampling.group_size)
     from prl.plugins import load
 
-    return load(strategy, "scheduler.strategy")(np.asarray(groups), cfg)
+    return load(strategy, "scheduler.strategy", called_with=("groups", "config"))(np.asarray(groups), cfg)

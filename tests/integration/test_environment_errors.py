@@ -153,3 +153,20 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_same_command_continues_it
     monkeypatch.setattr(archive, "replace_file", archive_write)
     assert main(argv) == 0
     assert "(continued from its checkpoint)" in capsys.readouterr().err
+
+
+def judge_not_installed(completion: str, answer: str) -> float:
+    """A reward whose judge's package is missing here: it fails the same way on every call."""
+    import no_such_judge_package  # noqa: F401
+
+
+def test_a_reward_that_fails_on_every_call_stops_the_run_in_one_line(tmp_path, capsys):
+    """It scored every completion 0 and the run went on for ever, warning; it stops within the
+    first generation calls, naming the error and where it was raised."""
+    spec = "tests.integration.test_environment_errors:judge_not_installed"
+    argv = ["run", "--run-dir", str(tmp_path / "run"), "--no-progress", "--max-steps", "5", "--set", f'producer.reward="{spec}"']
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        f"prl run: producer.reward {spec} failed on each of its first ")
+    assert "calls and never scored: ModuleNotFoundError: No module named 'no_such_judge_package' (at " in err

@@ -359,8 +359,14 @@ def test_a_strategy_of_one_s_own_is_loaded_by_module_and_factory():
     assert isinstance(s, EveryOther) and all(i % 2 == 0 for i in s.next(5, set()))
 
 
+def takes_groups_only(groups):
+    """Not a sampler factory: it cannot be given the config."""
+
+
 @pytest.mark.parametrize("strategy, says", [
     ("nonsense", "neither one of uniform, dapo_filter, priority nor module:Factory"),
+    ("tests.unit.test_priority:takes_groups_only",
+     "takes_groups_only cannot be called as takes_groups_only(groups, config): too many positional arguments"),
     ("tests.unit.test_priority:Missing", "tests.unit.test_priority has no Missing"),
     ("no_such_module_xyz:F", "cannot import no_such_module_xyz"),
 ])

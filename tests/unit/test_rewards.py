@@ -2,7 +2,8 @@ import threading
 
 import pytest
 
-from prl.rewards import RewardRunner, load_reward, math_verify
+from prl.plugins import PluginError
+from prl.rewards import BROKEN_AFTER, RewardBroken, RewardRunner, load_reward, math_verify
 from prl.schemas.config import ProducerConfig
 
 
@@ -62,6 +63,48 @@ def test_load_reward_by_dotted_path():
     assert load_reward("prl.tasks.addition:exact_match")("15", "15") == 1.0
     with pytest.raises(ValueError):
         load_reward("prl.tasks.addition")
+
+
+@pytest.mark.parametrize("spec", ["math:floor", "tests.unit.test_rewards:scores_the_completion_alone"])
+def test_a_reward_that_cannot_take_a_completion_and_an_answer_stops_the_start(spec):
+    with pytest.raises(PluginError) as err:
+        load_reward(spec)
+    name = spec.partition(":")[2]
+    assert str(err.value).startswith(f"producer.reward {spec!r}: {name} cannot be called as {name}(completion, answer): ")
+
+
+def scores_the_completion_alone(completion):
+    return float(completion == "42")
+
+
+def test_a_reward_that_fails_the_same_way_from_its_first_call_on_is_broken():
+    """It stops the producer, saying why, once BROKEN_AFTER calls in a row from the first failed
+    the same way and none scored: a missing dependency here."""
+    def needs_a_package(completion, answer):
+        import no_such_judge_xyz  # noqa: F401
+
+    runner = RewardRunner(needs_a_package, workers=4)
+    assert runner.many(["x"] * (BROKEN_AFTER - 1), ["y"] * (BROKEN_AFTER - 1)) == [0.0] * (BROKEN_AFTER - 1)
+    with pytest.raises(RewardBroken) as err:
+        runner.many(["x"] * 2, ["y"] * 2)
+    runner.close()
+    assert f"needs_a_package failed on each of its first {BROKEN_AFTER + 1} calls and never scored: " \
+           "ModuleNotFoundError: No module named 'no_such_judge_xyz' (at " in str(err.value)
+    assert f"{__file__}:" in str(err.value) and "in needs_a_package)" in str(err.value)
+
+
+@pytest.mark.parametrize("then", ["fails another way", "scores once"])
+def test_a_reward_that_fails_on_some_completions_only_goes_on(then):
+    """A reward that raises on what it cannot parse (scored 0, as README allows) is not broken
+    when its errors differ, or when it has scored a completion: the producer goes on."""
+    def parses(completion, answer):
+        return float(int(completion) == int(answer))
+
+    runner = RewardRunner(parses)
+    first = ["x" if then == "fails another way" else "7"] + ["no"] * (2 * BROKEN_AFTER)
+    assert runner.many(first, ["7"] * len(first)) == [float(then == "scores once")] + [0.0] * 2 * BROKEN_AFTER
+    runner.close()
+    assert runner.errors == 2 * BROKEN_AFTER + (then == "fails another way")
 
 
 def test_every_built_in_reward_scores_a_right_answer_1_on_the_runners_worker_thread():
