@@ -187,12 +187,22 @@ class SkyRL(Environment):
 
 
 def environment_class(spec: str):
-    """(the class ``task.environment`` names, constructor arguments it adds)."""
+    """(the class ``task.environment`` names, constructor arguments it adds). It needs ``reset``
+    and ``step``; ``close`` and ``max_turns`` are optional (Environment's are the defaults)."""
     if spec.startswith("skyrl:"):
         return SkyRL, {"env_id": spec.removeprefix("skyrl:")}
-    from prl.plugins import load
+    from prl.plugins import PluginError, load
 
-    return load(spec, "task.environment"), {}
+    cls = load(spec, "task.environment")
+    missing = [name for name in ("reset", "step") if not callable(getattr(cls, name, None))] if isinstance(cls, type) else []
+    if missing:  # (a factory function is taken as it is)
+        raise PluginError(f"task.environment {spec!r}: it has no {' or '.join(missing)} method; an environment has "
+                          "reset() -> messages and step(text) -> (messages, reward, done) (prl/environments.py)")
+    return cls, {}
+
+
+def max_turns(env) -> int:
+    return getattr(env, "max_turns", Environment.max_turns)
 
 
 class EpisodeFault(Exception):

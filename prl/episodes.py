@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from prl.environments import Environment, EpisodeFault, Guard, checked_messages, checked_step
+from prl.environments import Environment, EpisodeFault, Guard, checked_messages, checked_step, max_turns
 from prl.generation import Backend, Completion, Request
 from prl.schemas import Rollout, Sampling
 
@@ -64,7 +64,7 @@ def start_episodes(backend: Backend, guard: Guard, make_env, n: int) -> list[Epi
 
 
 def close_episodes(episodes: list[Episode], guard: Guard) -> None:
-    guard.many([(e.env.close, ()) for e in episodes])  # closing is the environment's business: its faults pass
+    guard.many([(e.env.close, ()) for e in episodes if hasattr(e.env, "close")])  # its faults pass: the env's business
 
 
 def run_episodes(backend: Backend, episodes: list[Episode], sampling: Sampling, guard: Guard,
@@ -93,7 +93,7 @@ def take_turn(e: Episode, c: Completion, step, backend: Backend, sampling: Sampl
         e.reward, e.finish, e.fault = 0.0, fault.reason, str(fault)
         return
     e.reward += step.reward
-    if step.done or e.turns >= e.env.max_turns:
+    if step.done or e.turns >= max_turns(e.env):
         e.finish = "stop" if step.done else "length"
         return
     try:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from prl.environments import CALC, Calculator, Environment, EpisodeFault, Guard, SingleTurn, Step, arithmetic
-from prl.episodes import run_episodes, start_episodes
+from prl.episodes import close_episodes, run_episodes, start_episodes
 from prl.generation import Backend, Completion
 from prl.schemas import Sampling
 
@@ -107,6 +107,43 @@ def test_an_episode_ends_at_its_turn_limit_and_before_the_context_is_full():
     [full] = episodes_of(backend, lambda: Calculator("3 loop", "2", exact, max_turns=10))
     run_episodes(backend, [full], Sampling(max_tokens=4), Guard())
     assert full.finish == "length" and full.turns == 3 and len(full.tokens) == 7
+
+
+class Plain:
+    """An environment of reset and step alone, not derived from Environment."""
+
+    def __init__(self, prompt, answer, reward, chat=False):
+        self.prompt = prompt
+
+    def reset(self):
+        return [{"role": "user", "content": self.prompt}]
+
+    def step(self, text):
+        return [], 0.0, False  # never done: the turn limit ends it
+
+
+class NoStep:
+    def reset(self):
+        return []
+
+
+def test_an_environment_of_reset_and_step_alone_runs_to_the_default_turn_limit_and_closes():
+    """close and max_turns are optional (a producer crashed on them); reset and step are not:
+    a class without one stops the start in one line."""
+    from prl.environments import environment_class
+    from prl.plugins import PluginError
+
+    backend = Scripted({3: ["x"] * 10})
+    guard = Guard(timeout_s=2.0)
+    [e] = start_episodes(backend, guard, lambda: Plain("3 go", "", exact), 1)
+    run_episodes(backend, [e], Sampling(max_tokens=2), guard)
+    close_episodes([e], guard)
+    guard.close()
+    assert e.finish == "length" and e.turns == Environment.max_turns and not e.fault
+    assert environment_class("tests.unit.test_environments:Plain") == (Plain, {})
+    with pytest.raises(PluginError) as err:
+        environment_class("tests.unit.test_environments:NoStep")
+    assert str(err.value).startswith("task.environment 'tests.unit.test_environments:NoStep': it has no step method; ")
 
 
 class Broken(Environment):
