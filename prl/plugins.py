@@ -7,8 +7,36 @@ import importlib
 import inspect
 
 
+# Calls of a plugin (a reward; an environment, by episode) that failed the same way from the
+# first on, with no success among them, that make it broken, not unlucky (a typo, a missing
+# package, a judge that refuses every connection): two generation calls of the default size (16
+# dispatches x 8). One that fails on some inputs only differs in its errors, or succeeds on others.
+BROKEN_AFTER = 256
+
+
 class PluginError(ValueError):
-    """A ``module:attribute`` setting that names nothing loadable (one line: the setting and why)."""
+    """A ``module:attribute`` setting that names nothing loadable, or code that cannot work (one
+    line: the setting and why)."""
+
+
+class FailingFromTheStart:
+    """Whether each call of a plugin so far failed as its first did (time-outs aside, not passed
+    here), BROKEN_AFTER times at least: then the service stops, saying why, instead of scoring
+    everything 0 for ever."""
+
+    def __init__(self):
+        self.first, self.same, self.failures, self.successes = "", 0, 0, 0
+
+    def failed(self, described: str) -> None:
+        self.first = self.first or described
+        self.same += described == self.first
+        self.failures += 1
+
+    def succeeded(self) -> None:
+        self.successes += 1
+
+    def broken(self) -> bool:
+        return not self.successes and self.same == self.failures >= BROKEN_AFTER
 
 
 def load(spec: str, setting: str, called_with: tuple[str, ...] = ()):

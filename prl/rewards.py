@@ -7,9 +7,8 @@ generator's own checker). A reward that raises, returns a non-number or runs pas
 ``REWARD_TIMEOUT_S`` counts as 0.0 and is counted, and the producer warns (``reward_failed``,
 with the error and where it was raised, at the 1st, 10th, 100th, ... time); it goes on (a reward
 that needs longer, such as running code, enforces its own limit). A reward that fails the same way
-on each of its first ``BROKEN_AFTER`` calls and never scores is broken, not unlucky (a typo, a
-missing dependency, a judge that refuses every connection): the producer stops, saying why
-(``RewardBroken``), instead of scoring every completion 0 for ever.
+on each of its first ``BROKEN_AFTER`` calls and never scores is broken (prl/plugins.py): the
+producer stops, saying why (``RewardBroken``), instead of scoring every completion 0 for ever.
 """
 
 from __future__ import annotations
@@ -25,15 +24,11 @@ import structlog
 
 from prl.errors import raised_at
 from prl.logs import Recurring
-from prl.plugins import PluginError
+from prl.plugins import FailingFromTheStart, PluginError
 from prl.timed import TimedCalls, past_limit
 
 RewardFn = Callable[[str, str], float]
 REWARD_TIMEOUT_S = 10.0
-# Calls that failed the same way, from the first and with no score among them, that make a reward
-# broken: two generation calls of the default size (16 dispatches x 8 completions). One that fails
-# on some completions only (scoring them 0) differs in its errors, or scores the others.
-BROKEN_AFTER = 256
 
 
 class RewardBroken(PluginError):
@@ -103,8 +98,8 @@ class RewardRunner:
     def __init__(self, fn: RewardFn, timeout_s: float = REWARD_TIMEOUT_S, log=None, workers: int = 1):
         self.fn, self.timeout_s = fn, timeout_s
         self.calls = TimedCalls(workers, "reward")
-        self.errors = self.timeouts = self.scored = 0
-        self.failure, self.same_failures = "", 0  # the first failure, and how many failed as it did
+        self.errors = self.timeouts = 0
+        self.health = FailingFromTheStart()
         self.name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
         self.failed = Recurring(log or structlog.get_logger("prl.rewards"), "reward_failed")
 
@@ -115,15 +110,11 @@ class RewardRunner:
         """The reward of each completion against its answer, in order."""
         finished = self.calls.run([(self.fn, pair) for pair in zip(completions, answers)], self.timeout_s)
         rewards = [self.timed_out() if f is None else self.value(f) for f in finished]
-        if self.broken():
-            raise RewardBroken(f"producer.reward {self.name} failed on each of its first {self.same_failures} calls and never "
-                               f"scored: {self.failure}; a reward is module:function(completion, answer) -> float, "
+        if self.health.broken():
+            raise RewardBroken(f"producer.reward {self.name} failed on each of its first {self.health.same} calls and never "
+                               f"scored: {self.health.first}; a reward is module:function(completion, answer) -> float, "
                                "returning 0.0 for a wrong answer")
         return rewards
-
-    def broken(self) -> bool:
-        """Whether each call so far failed the same way (timeouts aside), never scoring, BROKEN_AFTER times at least."""
-        return not self.scored and self.same_failures == self.errors >= BROKEN_AFTER
 
     def value(self, future: concurrent.futures.Future) -> float:
         """A finished call's reward; 0.0 for one that raised or is not a finite number (warned of)."""
@@ -137,14 +128,12 @@ class RewardRunner:
             return self.failed_as("not_a_number", f"returned {repr(result)[:100]}; scored 0")
         if not math.isfinite(value):
             return self.failed_as("not_finite", f"returned {value}; scored 0")
-        self.scored += 1
+        self.health.succeeded()
         return value
 
     def failed_as(self, kind: str, error: str, **where) -> float:
-        """Count and warn of a failed call (scored 0), and whether it failed as the first did."""
-        described = error.removesuffix("; scored 0") + (f" (at {where['at']})" if where.get("at") else "")
-        self.failure = self.failure or described
-        self.same_failures += described == self.failure
+        """Count and warn of a failed call (scored 0); ``health`` follows it."""
+        self.health.failed(error.removesuffix("; scored 0") + (f" (at {where['at']})" if where.get("at") else ""))
         self.errors += 1
         self.failed(kind, reward=self.name, error=error, **where)
         return 0.0

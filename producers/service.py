@@ -43,6 +43,7 @@ from prl.generation import Request, make_backend
 from prl.logs import Recurring
 from prl.rewards import RewardRunner, load_reward
 from prl.models import base_weight_shapes, resolve_model_dir
+from prl.plugins import FailingFromTheStart, PluginError
 from prl.policy import PolicyReader, VersionRejected, newest_version, version_whole
 from prl.service import Service, TooBig
 from prl.storage import unreachable
@@ -98,6 +99,7 @@ class Producer(Service):
         self.environment = environment_class(cfg.task.environment) if cfg.task.environment else None
         self.guard = Guard(workers=cfg.producer.reward_workers)  # environment calls, each with a time limit
         self.episode_failed = Recurring(self.log, "episode_failed")  # an environment's faults, warned of
+        self.episodes_health = FailingFromTheStart()  # an environment that fails every episode alike is broken
         self.versions = PolicyReader(base_weight_shapes(resolve_model_dir(cfg.model.path)))
         self.serving: tuple[str, dict | None] = ("base", None)  # what is loaded: its kind and tensors
         self.announced: dict[int, PolicyVersion] = {}  # recent announcements of the run's own versions
@@ -396,9 +398,7 @@ class Producer(Service):
         for d, episodes in started:
             close_episodes(episodes, self.guard)
             for e in episodes:
-                if e.finish not in ("stop", "length"):
-                    self.count(f"episode_faults/{e.finish}")
-                    self.episode_failed(e.finish, error=e.fault)
+                self.follow_episode(e)
             rollouts = [e.rollout(self.backend) for e in episodes]
             if self.cfg.producer.drop_zero_signal_completions and not has_signal([r.reward for r in rollouts]):
                 rollouts = rewards_only(rollouts)
@@ -406,6 +406,20 @@ class Producer(Service):
                                        episodes[0].prompt_ids, d.sampling.temperature, rollouts, seconds, 0.0, time.time()))
         self.count("groups_published", len(groups))
         return groups
+
+    def follow_episode(self, e) -> None:
+        """Count and warn of an episode's fault; stop (PluginError) once the environment has
+        failed every episode alike from the first on, BROKEN_AFTER of them (time-outs aside)."""
+        if e.finish in ("stop", "length"):
+            self.episodes_health.succeeded()
+            return
+        self.count(f"episode_faults/{e.finish}")
+        self.episode_failed(e.finish, error=e.fault)
+        if e.finish != "env_timeout":
+            self.episodes_health.failed(e.fault)
+        if self.episodes_health.broken():
+            raise PluginError(f"task.environment {self.cfg.task.environment} failed each of its first "
+                              f"{self.episodes_health.same} episodes and never ended one: {self.episodes_health.first}")
 
     def call_metrics(self, groups: list[RolloutGroup]) -> dict:
         """One generation call: its groups, completions and tokens, and the engine's time."""

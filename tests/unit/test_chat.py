@@ -104,3 +104,30 @@ def test_an_environment_s_fault_is_warned_of_by_the_producer_with_its_error(chat
     [warning] = [e for e in logs if e["event"] == "episode_failed"]
     assert (warning["kind"], warning["count"]) == ("env_error", 1)
     assert "RuntimeError: the environment broke" in warning["error"] and producer.counters["episode_faults/env_error"] == 4
+
+
+def test_an_environment_that_fails_every_episode_alike_stops_the_producer(chat_dir, tmp_path, monkeypatch):
+    """Every episode ended on the same fault with reward 0, for ever (no signal, no step): once
+    BROKEN_AFTER episodes (8 here) failed alike from the first on, the producer stops, saying why."""
+    from prl.plugins import PluginError
+    from prl.producers.service import Producer
+    from prl.transport.memory import MemoryTransport
+    from prl.schemas import Dispatch, encode, topic_name
+    from prl.schemas.config import load_config
+    from prl.schemas.topics import PROBLEMS
+
+    monkeypatch.setattr("prl.plugins.BROKEN_AFTER", 8)
+    cfg = load_config(overrides=[f"run.run_dir={json.dumps(str(tmp_path / 'run'))}", f"model.path={json.dumps(str(chat_dir))}",
+                                 "task.environment='tests.unit.test_environments:Broken'"])
+    transport = MemoryTransport()
+    transport.ensure_topics(cfg.run.name)
+    producer = Producer(cfg, transport)
+    for d in ("d0", "d1"):
+        transport.publisher().publish(topic_name(cfg.run.name, PROBLEMS), encode(
+            Dispatch(d, "p0", json.dumps(MESSAGES), "42", 4, Sampling(1.0, 1.0, 6, []), 0, chat=True)))
+        if d == "d0":
+            producer.step()  # 4 episodes failed alike: not yet
+    with pytest.raises(PluginError) as err:
+        producer.step()
+    assert str(err.value).startswith("task.environment tests.unit.test_environments:Broken failed each of its first 8 "
+                                     "episodes and never ended one: env_error: RuntimeError: the environment broke (at ")

@@ -2,8 +2,8 @@ import threading
 
 import pytest
 
-from prl.plugins import PluginError
-from prl.rewards import BROKEN_AFTER, RewardBroken, RewardRunner, load_reward, math_verify
+from prl.plugins import BROKEN_AFTER, PluginError
+from prl.rewards import RewardBroken, RewardRunner, load_reward, math_verify
 from prl.schemas.config import ProducerConfig
 
 
