@@ -15,7 +15,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from prl.devices import autocast, module_device
-from prl.learner.grpo import grpo_loss
+from prl.learner.grpo import approx_kl, grpo_loss, is_clipped, policy_ratio
 from prl.schemas import TrainRollout
 
 WEIGHT_DECAY = 0.01
@@ -206,8 +206,13 @@ SUMMED = ("tokens", "clipped", "approx_kl", "ratio", "entropy")
 # The age-0 tokens' log-ratios, counted in bins of 0.001 over [-0.5, 0.5] plus one below and one
 # above (summed over micro-batches and ranks like the rest): the mismatch's quantiles, to 0.1%.
 LOG_RATIO_EDGES = torch.linspace(-0.5, 0.5, 1001, dtype=torch.float64)
+# Every trained token by its rollout's age (fresh and replayed alike), 0 to AGE_BINS - 2 and older
+# in the last bin: how far off-policy older rollouts are (clipped tokens, k3 KL), for scheduler.tau_max.
+AGE_BINS = 12
+AGE_SUMMED = ("tokens", "clipped", "approx_kl")
 STAT_NAMES = ("loss", *(f"{part}/{name}" for part in PARTS for name in SUMMED),
-              *(f"age0/log_ratio_bin/{i}" for i in range(len(LOG_RATIO_EDGES) + 1)))
+              *(f"age0/log_ratio_bin/{i}" for i in range(len(LOG_RATIO_EDGES) + 1)),
+              *(f"age/{i}/{name}" for i in range(AGE_BINS) for name in AGE_SUMMED))
 MISMATCH_QUANTILES = (0.001, 0.01, 0.5, 0.99, 0.999)
 
 
@@ -243,7 +248,20 @@ def micro_batch_sums(model, batch: PackedBatch, total_tokens: int, cfg, version:
         extremes = torch.stack([log_ratio.max(), -log_ratio.min()]) if len(log_ratio) else \
             torch.full((2,), -math.inf, dtype=torch.float64, device=logp.device)
     return loss, torch.cat([torch.stack([torch.as_tensor(x, dtype=torch.float64, device=logp.device) for x in sums]),
-                            counts.double()]), extremes
+                            counts.double(), age_sums(logp.detach(), batch, version, cfg)]), extremes
+
+
+def age_sums(logp: torch.Tensor, batch: PackedBatch, version: int, cfg) -> torch.Tensor:
+    """AGE_SUMMED per age bin, flat: the tokens, those a clip takes the gradient from, and their k3 KL."""
+    mask = batch.mask > 0
+    age = (version - batch.policy_version).clamp(0, AGE_BINS - 1)
+    bins = age.unsqueeze(-1).expand_as(logp)[mask]
+    log_rho = (logp - batch.behaviour_logp)[mask].double()
+    clipped = is_clipped(policy_ratio(logp, batch.behaviour_logp)[mask], batch.advantage.unsqueeze(-1).expand_as(logp)[mask],
+                         cfg.clip_low, cfg.clip_high, DUAL_CLIP)
+    per_bin = [torch.bincount(bins, weights=w, minlength=AGE_BINS)
+               for w in (torch.ones_like(log_rho), clipped.double(), approx_kl(torch.exp(log_rho), log_rho))]
+    return torch.stack(per_bin, dim=1).flatten()
 
 
 def train_step(model, optimizer, rollouts: list[TrainRollout], cfg, pad_id: int = 0, dist=None, device=None,
@@ -316,8 +334,9 @@ def accumulate_gradients(model, plan: list[list[TrainRollout]], total_tokens: in
 
 def step_metrics(s: dict[str, float], total_tokens: int,
                  extremes: tuple[float, float] = (-math.inf, -math.inf)) -> dict[str, float]:
-    """Token means of the summed statistics: overall, and per part (fresh, replayed, age 0,
-    stale); for age 0, the engine-trainer mismatch: its k3 KL and ratio mean, quantiles, min and max."""
+    """Token means of the summed statistics: overall, per part (fresh, replayed, age 0, stale)
+    and per age; for age 0, the engine-trainer mismatch: its k3 KL and ratio mean, quantiles, min
+    and max."""
     n = max(1, s["all/tokens"])
     metrics = {"loss": s["loss"] / max(1, total_tokens), "tokens": int(s["all/tokens"]),
                "clip_fraction": s["all/clipped"] / n, "approx_kl": s["all/approx_kl"] / n, "ratio_mean": s["all/ratio"] / n,
@@ -328,6 +347,11 @@ def step_metrics(s: dict[str, float], total_tokens: int,
             metrics.update({f"{part}/ratio_mean": s[f"{part}/ratio"] / n, f"{part}/clip_fraction": s[f"{part}/clipped"] / n,
                             f"{part}/approx_kl": s[f"{part}/approx_kl"] / n, f"{part}/entropy": s[f"{part}/entropy"] / n,
                             f"{part}/tokens": int(n)})
+    for i in range(AGE_BINS):
+        if n := s[f"age/{i}/tokens"]:
+            label = str(i) if i < AGE_BINS - 1 else f"{i}+"
+            metrics.update({f"age/{label}/tokens": int(n), f"age/{label}/clip_fraction": s[f"age/{i}/clipped"] / n,
+                            f"age/{label}/approx_kl": s[f"age/{i}/approx_kl"] / n})
     counts = np.array([s[f"age0/log_ratio_bin/{i}"] for i in range(len(LOG_RATIO_EDGES) + 1)])
     if counts.sum() > 0:
         lo, hi = math.exp(-extremes[1]), math.exp(extremes[0])  # a bin's outer edge can lie past every ratio seen

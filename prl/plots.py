@@ -130,12 +130,13 @@ def run_report(rows: list[dict], out_uri: str) -> None:
     """One page for a run from every service's metrics: held-out accuracy, reward, loss and the
     policy's entropy on fresh rollouts, the share of groups with a signal and of replayed rollouts, rollout ages, stale drops, and
     how far off-policy the learner trains: the KL to the behaviour policy of age-0 (the engine
-    mismatch), stale and replayed rollouts, and the age-0 ratio's quantiles."""
+    mismatch), stale and replayed rollouts, the age-0 ratio's quantiles, and over the whole run
+    the clipped tokens and KL by rollout age."""
     plt = pyplot()
     learner = [r for r in rows if "learner/loss" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
     sched = [r for r in rows if r.get("service") == "scheduler" and "scheduler/signal_share" in r]
-    fig, axes = plt.subplots(3, 2, figsize=(11, 10))
+    fig, axes = plt.subplots(4, 2, figsize=(11, 13))
     panels = [
         (axes[0][0], evals, "rollouts_generated", ["eval/accuracy"], "held-out accuracy"),
         (axes[0][1], learner, "step", ["learner/mean_reward", "learner/loss", "learner/fresh/entropy"],
@@ -159,5 +160,36 @@ def run_report(rows: list[dict], out_uri: str) -> None:
         if ax.lines:
             ax.legend(fontsize=7)
         else:  # a run too short (or a service not yet started) to have these figures
-            ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="grey")
+            no_data(ax)
+    age_panels(axes[3], by_age(learner))
     save_png(fig, out_uri, 100)
+
+
+def age_panels(axes, ages: list[tuple]) -> None:
+    """The whole run's trained tokens by rollout age: the share clipped, and their KL."""
+    for ax, column, title in ((axes[0], 2, "share of tokens clipped, by rollout age (whole run)"),
+                              (axes[1], 3, "KL to the behaviour policy (k3), by rollout age (whole run)")):
+        ax.bar([a[0] for a in ages], [a[column] for a in ages], color="tab:blue")
+        ax.set_xlabel("age (learner versions; fresh and replayed rollouts)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+        if not ages:
+            no_data(ax)
+
+
+def no_data(ax) -> None:
+    ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
+def by_age(learner: list[dict]) -> list[tuple[str, int, float, float]]:
+    """(age, tokens, share clipped, k3 KL) over every step of the run (token-weighted), youngest first."""
+    totals: dict[str, list[float]] = {}
+    for r in learner:
+        for key, n in r.items():
+            if key.startswith("learner/age/") and key.endswith("/tokens"):
+                age = key.split("/")[2]
+                t = totals.setdefault(age, [0, 0.0, 0.0])
+                t[0] += n
+                t[1] += n * r[f"learner/age/{age}/clip_fraction"]
+                t[2] += n * r[f"learner/age/{age}/approx_kl"]
+    return [(a, int(t[0]), t[1] / t[0], t[2] / t[0]) for a, t in sorted(totals.items(), key=lambda at: int(at[0].rstrip("+")))]

@@ -306,27 +306,37 @@ def format_row(row: dict) -> str:
     return f"{head} {row['kind']:<14} " + " ".join(f"{k}={v}" for k, v in rest.items())
 
 
-def report(run_dir: str) -> list[str]:
+def report(run_dir: str) -> tuple[list[str], list[tuple]]:
     """Every service's metrics under ``run_dir`` (metrics*.jsonl, parts included) drawn as
     learning_curve.png (when held-out evaluations finished) and run_report.png there; returns the
-    PNG paths written."""
+    PNG paths written and the run's trained tokens by rollout age (``plots.by_age``)."""
     from prl.metrics import read_run_metrics
-    from prl.plots import learning_curve, run_report
+    from prl.plots import by_age, learning_curve, run_report
 
     rows = read_run_metrics(run_dir)
     if not rows:
         raise UsageError(f"no metrics*.jsonl under {run_dir}: is run.run_dir the run's directory?")
     curve, page = f"{run_dir.rstrip('/')}/learning_curve.png", f"{run_dir.rstrip('/')}/run_report.png"
     run_report(rows, page)
-    return [curve, page] if learning_curve(rows, curve) else [page]
+    return ([curve, page] if learning_curve(rows, curve) else [page]), by_age([r for r in rows if "learner/loss" in r])
+
+
+def format_ages(ages: list[tuple]) -> str:
+    """The run's trained tokens by rollout age: how many, the share a clip took the gradient
+    from, and their KL to the behaviour policy."""
+    lines = [f"{'rollout age':<12} {'tokens':>10} {'clipped':>8} {'KL (k3)':>9}"]
+    lines += [f"{age:<12} {tokens:>10,} {clipped:>8.3f} {kl:>9.1e}" for age, tokens, clipped, kl in ages]
+    return "\n".join(lines)
 
 
 def command(args, cfg) -> int:
     """`prl inspect topics|tail|report`."""
     if args.action == "report":
-        written = report(cfg.run.run_dir)
+        written, ages = report(cfg.run.run_dir)
         print("wrote " + ", ".join(written) + ("" if len(written) == 2 else
               " (no learning curve: no held-out evaluation in the metrics; learner.eval_every = 0?)"))
+        if ages:
+            print(format_ages(ages))
         return 0
 
     from prl.transport.kafka import check_reachable

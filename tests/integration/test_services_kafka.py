@@ -52,10 +52,11 @@ def test_services_over_kafka(kafka_broker, run_name, tmp_path):
     assert files[1].startswith("metrics-producer-") and '"producer/tokens_per_s"' in (run_dir / files[1]).read_text()
     from prl.cli.inspect import report
 
-    pngs = report(f"file://{run_dir}")  # every service's metrics, one page; the learning curve
+    pngs, ages = report(f"file://{run_dir}")  # every service's metrics, one page; the learning curve
     assert [p.rsplit("/", 1)[1] for p in pngs] == ["learning_curve.png", "run_report.png"]
     for png in pngs:
         assert fsspec.open(png, "rb").open().read(8) == b"\x89PNG\r\n\x1a\n"
+    assert ages and sum(tokens for _, tokens, _, _ in ages) > 0  # the trained tokens by rollout age
     assert_started_again_they_finish_at_once(config, tmp_path / "again")
 
 

@@ -264,6 +264,32 @@ def test_the_mismatch_is_measured_on_age_0_rollouts_alone():
     assert m["age0/tokens"] == sum(len(r.completion_ids) for r in fresh) and m["stale/tokens"] > 0
 
 
+def test_clipped_tokens_and_kl_are_reported_by_the_age_of_their_rollout():
+    """Rollouts of ages 0, 3 and 15 (fresh or replayed alike) whose behaviour log-probs are the
+    learner's own shifted by 0, -0.1 and +0.5: each age's bin sees its own shift alone (15 falls in
+    the last, 11+); at -0.1 (ratio 1.105) no clip binds, at +0.5 (ratio 0.61) every token with A < 0 is clipped."""
+    from prl.learner import train
+    from prl.models import load_model
+    from prl.schemas.config import LearnerConfig
+
+    model = load_model("builtin:tiny-adder", "float32")
+    rollouts = random_rollouts(6, seed=5)
+    with torch.no_grad():
+        own = train.token_logprobs(model, train.pack(rollouts))
+    shifts, ages = (0.0, 0.0, -0.1, -0.1, 0.5, 0.5), (0, 0, 3, 3, 15, 15)
+    aged = [dataclasses.replace(r, policy_version=20 - age, is_replay=i % 2 == 1, advantage=(-1.0, 1.0)[i % 2],
+                                logprobs=own[i, :len(r.completion_ids)].numpy() + shift)
+            for i, (r, shift, age) in enumerate(zip(rollouts, shifts, ages))]
+    m = train.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), aged, LearnerConfig(), version=20)
+    tokens = [len(r.completion_ids) for r in rollouts]
+    assert [m[f"age/{a}/tokens"] for a in ("0", "3", "11+")] == [tokens[0] + tokens[1], tokens[2] + tokens[3], tokens[4] + tokens[5]]
+    assert not any(k.startswith(("age/1/", "age/2/", "age/10/")) for k in m)
+    assert m["age/0/approx_kl"] == pytest.approx(0.0, abs=1e-6) and m["age/0/clip_fraction"] == 0.0
+    assert m["age/3/approx_kl"] == pytest.approx(math.exp(0.1) - 1 - 0.1, rel=1e-3) and m["age/3/clip_fraction"] == 0.0
+    assert m["age/11+/approx_kl"] == pytest.approx(math.exp(-0.5) - 1 + 0.5, rel=1e-3)
+    assert m["age/11+/clip_fraction"] == pytest.approx(tokens[4] / (tokens[4] + tokens[5]))  # A < 0, r = 0.61 < 0.8
+
+
 def test_the_mismatch_quantiles_lie_between_the_smallest_and_largest_ratio():
     """A mismatch far below the quantile bins' width (0.001 in log-ratio), as an fp32 engine's:
     the quantiles were the bins' outer edges, q0.01 = 0.999 below the min of 0.99997."""

@@ -32,3 +32,20 @@ def test_the_priority_histogram_counts_every_problem_up_to_a_quarter(monkeypatch
     assert axis.get_xlabel() == "priority p(1-p)" and axis.get_yscale() == "log"
     plots.priority_histogram(np.array([]), np.array([np.nan]), str(tmp_path / "e.png"))  # nothing to count
     assert not [w for w in recwarn if "log-scaled" in str(w.message)]
+
+
+def test_the_run_report_draws_clipped_tokens_and_kl_by_age_over_the_whole_run(monkeypatch, tmp_path):
+    """Token-weighted over the steps, youngest age first (11+ after 10)."""
+    drawn = []
+    monkeypatch.setattr(plots, "save_png", lambda fig, uri, dpi: drawn.append(fig))
+
+    def step(i, ages):
+        return {"step": i, "learner/loss": 0.0, **{f"learner/age/{a}/{k}": v for a, (n, c, kl) in ages.items()
+                                                  for k, v in (("tokens", n), ("clip_fraction", c), ("approx_kl", kl))}}
+
+    rows = [step(1, {"0": (10, 0.0, 0.001), "2": (30, 0.1, 0.01)}), step(2, {"2": (10, 0.5, 0.03), "11+": (5, 0.2, 0.1)})]
+    assert plots.by_age(rows) == [("0", 10, 0.0, 0.001), ("2", 40, 0.2, pytest.approx(0.015)), ("11+", 5, 0.2, 0.1)]
+    plots.run_report(rows, str(tmp_path / "r.png"))
+    clipped = drawn[0].axes[6]
+    assert [t.get_text() for t in clipped.get_xticklabels()] == ["0", "2", "11+"]
+    assert [bar.get_height() for bar in clipped.patches] == [0.0, pytest.approx(0.2), 0.2]
