@@ -169,7 +169,8 @@ def age_panels(axes, ages: list[tuple]) -> None:
     """The whole run's trained tokens by rollout age: the share clipped, and their KL."""
     for ax, column, title in ((axes[0], 2, "share of tokens clipped, by rollout age (whole run)"),
                               (axes[1], 3, "KL to the behaviour policy (k3), by rollout age (whole run)")):
-        ax.bar([a[0] for a in ages], [a[column] for a in ages], color="tab:blue")
+        ax.bar(range(len(ages)), [a[column] for a in ages], color="tab:blue")
+        ax.set_xticks(range(len(ages)), [a[0] for a in ages])
         ax.set_xlabel("age (learner versions; fresh and replayed rollouts)")
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
