@@ -24,7 +24,7 @@ import structlog
 
 from prl.errors import raised_at
 from prl.logs import Recurring
-from prl.plugins import FailingFromTheStart, PluginError
+from prl.plugins import FailingFromTheStart, PluginError, load
 from prl.timed import TimedCalls, past_limit
 
 RewardFn = Callable[[str, str], float]
@@ -36,8 +36,6 @@ class RewardBroken(PluginError):
 
 
 def load_reward(spec: str) -> RewardFn:
-    from prl.plugins import load
-
     return load(spec, "producer.reward", called_with=("completion", "answer"))
 
 
